@@ -1,0 +1,36 @@
+"""The cuvil error hierarchy.
+
+Every public entry point raises one of these with a message that says what is
+wrong, where (tensor, dimension, argument, dependence) and, where it helps,
+what would be legal instead.
+"""
+
+from __future__ import annotations
+
+
+class CuvilError(Exception):
+    """Base class of every error cuvil raises on purpose."""
+
+
+class ScheduleError(CuvilError):
+    """A schedule primitive was malformed or would change the results."""
+
+
+class ShapeError(CuvilError, ValueError):
+    """A tensor, index or argument has the wrong rank or extent."""
+
+
+class DTypeError(CuvilError, TypeError):
+    """Data types that do not fit together, or an unsupported dtype."""
+
+
+class TargetError(CuvilError):
+    """An unknown or unsupported target string, or a toolchain problem."""
+
+
+class UnsupportedOpError(CuvilError):
+    """An operation cuvil cannot compile (yet)."""
+
+
+class ArgumentError(CuvilError, TypeError):
+    """A compiled module was called with the wrong arguments."""

@@ -1,0 +1,138 @@
+"""The target-neutral loop IR: buffers and statements.
+
+A :class:`LoweredFunc` is what ``cuvil.lower`` returns and what every code
+generator consumes.  Its ``str()`` is a readable C-like loop nest::
+
+    func main(A: float32[M, K], B: float32[K, N], C: float32[M, N]) {
+      for (i = 0; i < M; i++) {
+        for (j = 0; j < N; j++) {
+          C[i, j] = 0f;
+          for (k = 0; k < K; k++) {
+            C[i, j] = C[i, j] + A[i, k] * B[k, j];
+          }
+        }
+      }
+    }
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cuvil.ir.expr import Expr, Var
+
+LOOP_KINDS = ("serial", "parallel", "vectorize", "unroll")
+
+
+@dataclass(frozen=True, eq=False, slots=True, repr=False)
+class Buffer:
+    """A dense row-major array: an argument, an intermediate, or a local scratch."""
+
+    name: str
+    shape: tuple[Expr, ...]
+    dtype: str
+    scope: str = "global"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __repr__(self) -> str:
+        dims = ", ".join(str(d) for d in self.shape)
+        return f"{self.name}: {self.dtype}[{dims}]"
+
+
+class Stmt:
+    """Base class of loop IR statements."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        from cuvil.ir.printer import stmt_str
+
+        return stmt_str(self)
+
+    def __repr__(self) -> str:
+        return stmt_str(self)
+
+
+@dataclass(frozen=True, eq=False, slots=True, repr=False)
+class Store(Stmt):
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+    value: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True, repr=False)
+class For(Stmt):
+    """``for (var = min; var < min + extent; var++) body``; ``kind`` in LOOP_KINDS."""
+
+    var: Var
+    min: Expr
+    extent: Expr
+    body: Stmt
+    kind: str = "serial"
+
+
+@dataclass(frozen=True, eq=False, slots=True, repr=False)
+class If(Stmt):
+    cond: Expr
+    then_body: Stmt
+    else_body: Stmt | None = None
+
+
+@dataclass(frozen=True, eq=False, slots=True, repr=False)
+class Block(Stmt):
+    stmts: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True, eq=False, slots=True, repr=False)
+class LetStmt(Stmt):
+    """Binds ``var`` to ``value`` for the duration of ``body``."""
+
+    var: Var
+    value: Expr
+    body: Stmt
+
+
+@dataclass(frozen=True, eq=False, slots=True, repr=False)
+class Allocate(Stmt):
+    """Storage for ``buffer`` while ``body`` runs (stack if small, else heap)."""
+
+    buffer: Buffer
+    body: Stmt
+
+
+def block(stmts: list[Stmt] | tuple[Stmt, ...]) -> Stmt:
+    """A Block of ``stmts`` with nested blocks flattened; one statement stays itself."""
+    flat: list[Stmt] = []
+    for s in stmts:
+        if isinstance(s, Block):
+            flat.extend(s.stmts)
+        elif s is not None:
+            flat.append(s)
+    return flat[0] if len(flat) == 1 else Block(tuple(flat))
+
+
+@dataclass(frozen=True, eq=False, slots=True, repr=False)
+class LoweredFunc:
+    """A function in loop IR.
+
+    ``params`` are the arguments in call order: a Buffer for each tensor, a Var
+    for each run-time size passed explicitly.  ``size_vars`` are the run-time
+    sizes the function needs, in the order they are passed to native code.
+    ``outputs`` names the buffers the function writes.
+    """
+
+    name: str
+    params: tuple[Buffer | Var, ...]
+    body: Stmt
+    size_vars: tuple[Var, ...] = ()
+    outputs: tuple[Buffer, ...] = field(default=())
+
+    def __str__(self) -> str:
+        from cuvil.ir.printer import func_str
+
+        return func_str(self)
+
+    __repr__ = __str__
