@@ -3,7 +3,15 @@
 Tensor expressions (``cuvil.te``) become an exact polyhedral model (isl), a
 schedule, a loop IR and native code (LLVM).  ``cuvil.lower`` shows the loops,
 ``cuvil.build`` compiles them into a callable module.
+
+``import cuvil`` stays light: islpy and llvmlite load on first use, so an
+exported library runs through ``cuvil.runtime.load`` without either.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from cuvil.errors import (
     ArgumentError,
@@ -17,7 +25,30 @@ from cuvil.errors import (
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "te": ("cuvil.te", None),
+    "lower": ("cuvil.build", "lower"),
+    "build": ("cuvil.build", "build"),
+    "Target": ("cuvil.target", "Target"),
+    "runtime": ("cuvil.runtime", None),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        mod, attr = _LAZY[name]
+        m = importlib.import_module(mod)
+        value = m if attr is None else getattr(m, attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'cuvil' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))
+
+
 __all__ = [
     "ArgumentError", "CuvilError", "DTypeError", "ScheduleError", "ShapeError", "TargetError",
-    "UnsupportedOpError", "__version__",
+    "UnsupportedOpError", "Target", "__version__", "build", "lower", "runtime", "te",
 ]

@@ -1,0 +1,123 @@
+"""The pipeline, top to bottom.
+
+    te program + schedule
+      -> check the arguments              (_plan_args)
+      -> polyhedral model                 (schedule.model.build_model: isl statements, accesses)
+      -> schedule map                     (the te order for now)
+      -> isl AST                          (schedule.astgen.generate_ast)
+      -> loop IR                          (schedule.astgen.ast_to_loops, intermediates allocated)
+      -> passes                           (ir.simplify)
+      -> LoweredFunc                      (what cuvil.lower returns; print it)
+      -> LLVM IR -> O3 -> machine code    (codegen.llvm, inside runtime.Module)
+      -> Module                           (callable with numpy arrays)
+
+Each stage is a plain function whose result prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cuvil.errors import ArgumentError, ShapeError
+from cuvil.ir.expr import IterVar, Var
+from cuvil.ir.simplify import simplify
+from cuvil.ir.stmt import Allocate, Buffer, LoweredFunc, Stmt
+from cuvil.schedule.astgen import ast_to_loops, generate_ast
+from cuvil.schedule.model import PolyModel, build_model
+from cuvil.schedule.schedule import Schedule
+from cuvil.te.tensor import ComputeOp, PlaceholderOp, Tensor
+
+
+@dataclass(frozen=True)
+class ArgPlan:
+    """The build arguments sorted out: what is passed, what is written, what is internal."""
+
+    params: tuple[Tensor | Var, ...]
+    outputs: tuple[Tensor, ...]
+    intermediates: tuple[Tensor, ...]
+
+
+def _plan_args(sched: Schedule, args: Sequence[Any]) -> ArgPlan:
+    if not isinstance(args, (list, tuple)):
+        raise ArgumentError("the arguments must be a list of te tensors (and te.var sizes)")
+    seen: set[int] = set()
+    for pos, a in enumerate(args):
+        if not isinstance(a, (Tensor, Var)) or isinstance(a, IterVar):
+            raise ArgumentError(f"argument {pos} is a {type(a).__name__}, not a te.Tensor or a te.var")
+        if id(a) in seen:
+            raise ArgumentError(f"argument {pos} ({a.name}) appears twice in the argument list")
+        seen.add(id(a))
+    computed = [st.op.output(0) for st in sched.compute_stages]
+    outputs = []
+    for pos, a in enumerate(args):
+        if isinstance(a, Tensor) and isinstance(a.op, ComputeOp):
+            if a not in sched:
+                raise ArgumentError(f"argument {pos} ({a.name}) is computed but is not part of this schedule")
+            outputs.append(a)
+    if not outputs:
+        raise ArgumentError("none of the arguments is a computed tensor: add the output tensor(s) to the arguments")
+    for st in sched.stages:
+        if isinstance(st.op, PlaceholderOp) and id(st.op.output(0)) not in seen:
+            readers = [s.op.name for s in sched.compute_stages
+                       if any(t.op is st.op for t in s.op.input_tensors)]
+            raise ArgumentError(
+                f"placeholder {st.op.name} is read by {', '.join(readers)} but is not in the arguments"
+            )
+    inter = tuple(t for t in computed if id(t) not in seen)
+    return ArgPlan(tuple(args), tuple(outputs), inter)
+
+
+def _size_vars(model: PolyModel, plan: ArgPlan) -> tuple[Var, ...]:
+    """Run-time sizes, each bound from a shape dimension or passed as an argument."""
+    bindable = {id(p) for p in plan.params if isinstance(p, Var)}
+    for p in plan.params:
+        if isinstance(p, Tensor):
+            bindable.update(id(d) for d in p.shape if isinstance(d, Var))
+    for v in model.params:
+        if id(v) not in bindable:
+            raise ShapeError(
+                f"the size {v.name} cannot be found from the shapes of the arguments "
+                "(it is not a whole dimension of any argument); pass it in the argument list"
+            )
+    extra = [p for p in plan.params if isinstance(p, Var) and all(p is not v for v in model.params)]
+    return tuple(model.params) + tuple(extra)
+
+
+def lower(s: Schedule, args: Sequence[Any], name: str = "main") -> LoweredFunc:
+    """The loop IR of schedule ``s`` with arguments ``args``; ``str()`` of it is a C-like nest."""
+    if not isinstance(s, Schedule):
+        raise ArgumentError(f"cuvil.lower needs a schedule (te.create_schedule(...)), got {type(s).__name__}")
+    plan = _plan_args(s, args)
+    model = build_model(s)
+    size_vars = _size_vars(model, plan)
+    buffers: dict[int, Buffer] = {}
+
+    def buffer_of(t: Tensor) -> Buffer:
+        if id(t) not in buffers:
+            buffers[id(t)] = Buffer(t.name, t.shape, t.dtype)
+        return buffers[id(t)]
+
+    params = tuple(buffer_of(p) if isinstance(p, Tensor) else p for p in plan.params)
+    ast = generate_ast(model, model.original_schedule)
+    body: Stmt = ast_to_loops(model, ast, buffer_of)
+    for t in reversed(plan.intermediates):
+        body = Allocate(buffer_of(t), body)
+    func = LoweredFunc(name, params, body, size_vars, tuple(buffer_of(t) for t in plan.outputs))
+    return simplify(func)
+
+
+def build(s: Schedule, args: Sequence[Any], target: Any = "llvm", name: str = "main",
+          tuning_db: Any = None) -> Any:
+    """Compile schedule ``s`` into a callable module for ``target``."""
+    from cuvil.runtime.module import Module
+    from cuvil.target import Target
+
+    if tuning_db is not None:
+        from cuvil.errors import UnsupportedOpError
+
+        raise UnsupportedOpError("tuning_db: the autotuner and its database are not part of cuvil yet")
+    func = lower(s, args, name=name)
+    tgt = target if isinstance(target, Target) else Target(target)
+    return Module(func, tgt)

@@ -1,0 +1,209 @@
+"""Expression and statement simplification (a pure pass).
+
+* integer affine expressions are normalised: ``(M - 1) - 0 + 1`` -> ``M``,
+  ``i * 4 + 2 - i * 4`` -> ``2``;
+* constants fold (integers wrap like numpy; floats only where exact);
+* ``x * 1``, ``x + 0``, ``select(true, a, b)``, min/max of equal constants;
+* loops of zero trips and ``if (false)`` disappear, ``if (true)`` is its body.
+"""
+
+from __future__ import annotations
+
+from cuvil import dtype as dt
+from cuvil.ir import expr as E
+from cuvil.ir.expr import Binary, Cast, Const, Expr, Select, Unary, Var
+from cuvil.ir.functor import ExprMutator, substitute
+from cuvil.ir.stmt import Allocate, Block, For, If, LetStmt, LoweredFunc, Stmt, Store, block
+
+
+def _linear(e: Expr) -> tuple[dict[int, tuple[Expr, int]], int] | None:
+    """``e`` as ``sum(coef * term) + const`` over int64, terms keyed by identity."""
+    if e.dtype != "int64":
+        return None
+    if isinstance(e, Const):
+        return {}, int(e.value)
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        a, b = _linear(e.a), _linear(e.b)
+        if a is None or b is None:
+            return None
+        sign = 1 if e.op == "add" else -1
+        terms = dict(a[0])
+        for k, (t, c) in b[0].items():
+            old = terms.get(k, (t, 0))[1]
+            terms[k] = (t, old + sign * c)
+        return terms, a[1] + sign * b[1]
+    if isinstance(e, Binary) and e.op == "mul" and (isinstance(e.a, Const) or isinstance(e.b, Const)):
+        c, x = (e.a, e.b) if isinstance(e.a, Const) else (e.b, e.a)
+        inner = _linear(x)
+        if inner is None:
+            return None
+        k = int(c.value)
+        return {key: (t, v * k) for key, (t, v) in inner[0].items()}, inner[1] * k
+    if isinstance(e, Unary) and e.op == "neg":
+        inner = _linear(e.a)
+        if inner is None:
+            return None
+        return {key: (t, -v) for key, (t, v) in inner[0].items()}, -inner[1]
+    return {id(e): (e, 1)}, 0
+
+
+def _rebuild(terms: dict[int, tuple[Expr, int]], c: int) -> Expr:
+    out: Expr | None = None
+    for t, k in terms.values():
+        if k == 0:
+            continue
+        if out is None:
+            out = t if k == 1 else (-t if k == -1 else Binary("int64", "mul", t, E.const(k, "int64")))
+        elif k > 0:
+            out = Binary("int64", "add", out, t if k == 1 else Binary("int64", "mul", t, E.const(k, "int64")))
+        else:
+            out = Binary("int64", "sub", out, t if k == -1 else Binary("int64", "mul", t, E.const(-k, "int64")))
+    if out is None:
+        return E.const(c, "int64")
+    if c > 0:
+        return Binary("int64", "add", out, E.const(c, "int64"))
+    if c < 0:
+        return Binary("int64", "sub", out, E.const(-c, "int64"))
+    return out
+
+
+def _fold_int(op: str, a: int, b: int, dtype: str) -> int | bool | None:
+    if op == "add":
+        return a + b
+    if op == "sub":
+        return a - b
+    if op == "mul":
+        return a * b
+    if op == "floordiv":
+        return a // b if b != 0 else 0
+    if op == "floormod":
+        return a % b if b != 0 else 0
+    if op == "min":
+        return min(a, b)
+    if op == "max":
+        return max(a, b)
+    if op in ("and", "or", "xor") and dt.is_int(dtype):
+        return {"and": a & b, "or": a | b, "xor": a ^ b}[op]
+    cmp = {"eq": a == b, "ne": a != b, "lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b}
+    return cmp.get(op)
+
+
+class Simplifier(ExprMutator):
+    def visit_Binary(self, e: Binary) -> Expr:
+        a, b = self.visit(e.a), self.visit(e.b)
+        if isinstance(a, Const) and isinstance(b, Const) and dt.is_int(a.dtype) and dt.is_int(b.dtype):
+            v = _fold_int(e.op, int(a.value), int(b.value), e.dtype)
+            if v is not None:
+                return E.const(v, e.dtype)
+        if e.dtype == "bool" and a.dtype == "bool" and isinstance(a, Const) and e.op in ("and", "or"):
+            if e.op == "and":
+                return b if a.value else a
+            return a if a.value else b
+        if e.dtype == "bool" and b.dtype == "bool" and isinstance(b, Const) and e.op in ("and", "or"):
+            if e.op == "and":
+                return a if b.value else b
+            return b if b.value else a
+        if dt.is_int(e.dtype):
+            if e.op == "mul" and (_is(a, 1) or _is(b, 1)):
+                return b if _is(a, 1) else a
+            if e.op in ("floordiv",) and _is(b, 1):
+                return a
+            if e.op == "floormod" and _is(b, 1):
+                return E.const(0, e.dtype)
+        out = e if (a is e.a and b is e.b) else Binary(e.dtype, e.op, a, b)
+        if e.dtype == "int64" and e.op in ("add", "sub", "mul"):
+            lin = _linear(out)
+            if lin is not None:
+                return _rebuild(*lin)
+        return out
+
+    def visit_Cast(self, e: Cast) -> Expr:
+        v = self.visit(e.value)
+        if isinstance(v, Const) and not dt.is_float(v.dtype) and not dt.is_float(e.dtype):
+            return E.cast(v, e.dtype)
+        return e if v is e.value else Cast(e.dtype, v)
+
+    def visit_Select(self, e: Select) -> Expr:
+        c = self.visit(e.cond)
+        if isinstance(c, Const):
+            return self.visit(e.t if c.value else e.f)
+        t, f = self.visit(e.t), self.visit(e.f)
+        return e if (c is e.cond and t is e.t and f is e.f) else Select(e.dtype, c, t, f)
+
+
+def _is(e: Expr, v: int) -> bool:
+    return isinstance(e, Const) and e.value == v
+
+
+def simplify_expr(e: Expr) -> Expr:
+    return Simplifier().visit(e)
+
+
+def simplify_stmt(s: Stmt) -> Stmt | None:
+    """Simplify a statement; None when nothing is left."""
+    simp = Simplifier()
+    if isinstance(s, Store):
+        return Store(s.buffer, tuple(simp.visit(i) for i in s.indices), simp.visit(s.value))
+    if isinstance(s, For):
+        ext = simp.visit(s.extent)
+        if isinstance(ext, Const) and ext.value <= 0:
+            return None
+        body = simplify_stmt(s.body)
+        if body is None:
+            return None
+        if isinstance(ext, Const) and ext.value == 1 and s.kind == "serial":
+            return simplify_stmt(LetStmt(s.var, s.min, body))
+        return For(s.var, simp.visit(s.min), ext, body, s.kind)
+    if isinstance(s, If):
+        c = simp.visit(s.cond)
+        if isinstance(c, Const):
+            chosen = s.then_body if c.value else s.else_body
+            return None if chosen is None else simplify_stmt(chosen)
+        then = simplify_stmt(s.then_body)
+        other = None if s.else_body is None else simplify_stmt(s.else_body)
+        if then is None and other is None:
+            return None
+        if then is None:
+            return If(E.unary("not", c), other)  # type: ignore[arg-type]
+        return If(c, then, other)
+    if isinstance(s, Block):
+        parts = [simplify_stmt(x) for x in s.stmts]
+        kept = [p for p in parts if p is not None]
+        return block(kept) if kept else None
+    if isinstance(s, LetStmt):
+        v = simp.visit(s.value)
+        if isinstance(v, (Const, Var)):
+            return simplify_stmt(substitute_stmt(s.body, {s.var: v}))
+        body = simplify_stmt(s.body)
+        return None if body is None else LetStmt(s.var, v, body)
+    if isinstance(s, Allocate):
+        body = simplify_stmt(s.body)
+        return None if body is None else Allocate(s.buffer, body)
+    raise TypeError(f"cannot simplify {type(s).__name__}")
+
+
+def substitute_stmt(s: Stmt, mapping: dict[Var, Expr]) -> Stmt:
+    """Replace variables in every expression of ``s``."""
+
+    def sub(e: Expr) -> Expr:
+        return substitute(e, mapping)
+
+    if isinstance(s, Store):
+        return Store(s.buffer, tuple(sub(i) for i in s.indices), sub(s.value))
+    if isinstance(s, For):
+        return For(s.var, sub(s.min), sub(s.extent), substitute_stmt(s.body, mapping), s.kind)
+    if isinstance(s, If):
+        other = None if s.else_body is None else substitute_stmt(s.else_body, mapping)
+        return If(sub(s.cond), substitute_stmt(s.then_body, mapping), other)
+    if isinstance(s, Block):
+        return Block(tuple(substitute_stmt(x, mapping) for x in s.stmts))
+    if isinstance(s, LetStmt):
+        return LetStmt(s.var, sub(s.value), substitute_stmt(s.body, mapping))
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, substitute_stmt(s.body, mapping))
+    raise TypeError(type(s).__name__)
+
+
+def simplify(f: LoweredFunc) -> LoweredFunc:
+    body = simplify_stmt(f.body)
+    return LoweredFunc(f.name, f.params, body if body is not None else Block(()), f.size_vars, f.outputs)

@@ -1,0 +1,5 @@
+"""Schedules and the polyhedral model (isl types stay inside this package)."""
+
+from cuvil.schedule.schedule import Schedule, Stage
+
+__all__ = ["Schedule", "Stage"]

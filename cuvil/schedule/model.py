@@ -1,0 +1,288 @@
+"""The polyhedral model of a te program (islpy).
+
+Each compute stage becomes isl statements: one for an element-wise compute,
+two for a reduction (``init`` and ``update``).  A statement has an iteration
+domain (run-time sizes are isl parameters), read and write access relations,
+and the scalar work it does at each point (a Store in te terms)::
+
+    C = te.compute((M, N), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k))
+
+    [M, N, K] -> { S0_C_init[i, j] : 0 <= i < M and 0 <= j < N }
+    [M, N, K] -> { S0_C_update[i, j, k] : 0 <= i < M and 0 <= j < N and 0 <= k < K }
+    writes  { S0_C_update[i, j, k] -> C[i, j] }
+    reads   { S0_C_update[i, j, k] -> C[i, j]; S0_C_update[i, j, k] -> A[i, k]; ... -> B[k, j] }
+
+Affine and quasi-affine indices (``//`` and ``%`` by constants) are exact;
+a data-dependent index (``W[idx[t], d]``) reads the whole extent of that
+dimension.  isl objects stay inside ``cuvil/schedule``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+import islpy as isl
+
+from cuvil.errors import ShapeError, UnsupportedOpError
+from cuvil.ir.expr import Binary, Cast, Const, Expr, IterVar, TensorRead, Unary, Var
+from cuvil.ir.functor import substitute, walk
+from cuvil.schedule.schedule import Schedule
+from cuvil.te.tensor import ComputeOp, Tensor
+
+# isl gives up with an error instead of running for minutes on huge problems
+MAX_ISL_OPERATIONS = 2_000_000
+
+
+@dataclass(frozen=True, eq=False)
+class Statement:
+    """One isl statement: ``tensor[indices] = value`` (if ``guard``) for each point of ``domain``."""
+
+    name: str
+    stage: int
+    kind: str  # "compute", "init" or "update"
+    op: ComputeOp
+    iters: tuple[IterVar, ...]
+    iter_names: tuple[str, ...]
+    domain: isl.Set
+    tensor: Tensor
+    indices: tuple[Expr, ...]
+    value: Expr
+    guard: Expr | None
+    reads: isl.UnionMap
+    writes: isl.UnionMap
+
+    def __repr__(self) -> str:
+        return f"Statement({self.name}: {self.domain})"
+
+
+class Names:
+    """isl names for parameters, tensors and statements (unique, isl-safe)."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+        self.by_id: dict[int, str] = {}
+
+    def fresh(self, base: str) -> str:
+        base = re.sub(r"\W", "_", base) or "v"
+        if base[0].isdigit():
+            base = "_" + base
+        n, i = base, 0
+        while n in self.used:
+            i += 1
+            n = f"{base}_{i}"
+        self.used.add(n)
+        return n
+
+    def of(self, obj: object, base: str) -> str:
+        key = id(obj)
+        if key not in self.by_id:
+            self.by_id[key] = self.fresh(base)
+        return self.by_id[key]
+
+
+def isl_aff(e: Expr, names: dict[int, str]) -> str | None:
+    """``e`` as an isl quasi-affine expression, or None if it is not one."""
+    if isinstance(e, Const):
+        return None if isinstance(e.value, (bool, float)) else str(int(e.value))
+    if isinstance(e, Var):
+        return names.get(id(e))
+    if isinstance(e, Cast):
+        if e.dtype.startswith(("int", "uint")) and e.value.dtype.startswith(("int", "uint")):
+            return isl_aff(e.value, names)
+        return None
+    if isinstance(e, Unary) and e.op == "neg":
+        a = isl_aff(e.a, names)
+        return None if a is None else f"-({a})"
+    if not isinstance(e, Binary) or not e.dtype.startswith(("int", "uint")):
+        return None
+    a, b = isl_aff(e.a, names), isl_aff(e.b, names)
+    if a is None or b is None:
+        return None
+    if e.op in ("add", "sub"):
+        return f"({a}) {'+' if e.op == 'add' else '-'} ({b})"
+    if e.op == "mul":
+        if isinstance(e.a, Const):
+            return f"{a} * ({b})"
+        if isinstance(e.b, Const):
+            return f"{b} * ({a})"
+        return None
+    if e.op in ("floordiv", "floormod") and isinstance(e.b, Const) and e.b.value > 0:
+        return f"floor(({a}) / {b})" if e.op == "floordiv" else f"(({a}) mod {b})"
+    if e.op in ("min", "max"):
+        return f"{e.op}({a}, {b})"
+    return None
+
+
+class PolyModel:
+    """Statements, parameters and the original (te-order) schedule of a program."""
+
+    def __init__(self, sched: Schedule):
+        self.schedule = sched
+        self.names = Names()
+        self.tensor_names: dict[int, str] = {}
+        self.params: list[Var] = []
+        self._param_names: dict[int, str] = {}
+        self._collect_params()
+        self.statements: list[Statement] = []
+        for st in sched.compute_stages:
+            self.statements.extend(self._stage_statements(st.index, st.op))
+
+    # -- parameters ---------------------------------------------------------
+    def _collect_params(self) -> None:
+        def visit(e: Expr) -> None:
+            for n in walk(e):
+                if isinstance(n, Var) and not isinstance(n, IterVar) and id(n) not in self._param_names:
+                    if n.dtype not in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
+                        continue  # reducer placeholders (acc, x) are substituted before use
+                    self._param_names[id(n)] = self.names.fresh(n.name)
+                    self.params.append(n)
+
+        for st in self.schedule.stages:
+            op = st.op
+            for d in getattr(op, "shape", ()):
+                visit(d)
+            if isinstance(op, ComputeOp):
+                for a in op.axis + op.reduce_axis:
+                    visit(a.min)
+                    visit(a.extent)
+                for n in walk(op.body):
+                    if isinstance(n, TensorRead):
+                        for d in n.tensor.shape:
+                            visit(d)
+                visit(op.body)
+
+    @property
+    def param_str(self) -> str:
+        return "[" + ", ".join(self._param_names[id(p)] for p in self.params) + "]"
+
+    def param_name(self, v: Var) -> str:
+        return self._param_names[id(v)]
+
+    @cached_property
+    def context(self) -> isl.Set:
+        cons = " and ".join(f"{self._param_names[id(p)]} >= 0" for p in self.params)
+        return isl.Set(f"{self.param_str} -> {{ : {cons or '0 = 0'} }}")
+
+    def tensor_name(self, t: Tensor) -> str:
+        if id(t) not in self.tensor_names:
+            self.tensor_names[id(t)] = self.names.fresh(t.name)
+        return self.tensor_names[id(t)]
+
+    # -- statements ---------------------------------------------------------
+    def _stage_statements(self, stage: int, op: ComputeOp) -> list[Statement]:
+        out = op.output(0)
+        body = op.body
+        if op.reduce_axis:
+            acc = TensorRead(out.dtype, out, tuple(op.axis))
+            update = substitute(body.combined, {body.lhs: acc, body.rhs: body.source})
+            base = self.names.fresh(f"S{stage}_{op.name}")
+            return [
+                self._statement(f"{base}_init", stage, "init", op, op.axis, body.identity, None),
+                self._statement(f"{base}_update", stage, "update", op, op.axis + op.reduce_axis, update, body.where),
+            ]
+        return [self._statement(self.names.fresh(f"S{stage}_{op.name}"), stage, "compute", op, op.axis, body, None)]
+
+    def _statement(self, name: str, stage: int, kind: str, op: ComputeOp, iters: tuple[IterVar, ...],
+                   value: Expr, guard: Expr | None) -> Statement:
+        local = Names()
+        local.used = set(self.names.used)
+        iter_names = tuple(local.fresh(a.name) for a in iters)
+        names = dict(self._param_names)
+        names.update({id(a): n for a, n in zip(iters, iter_names)})
+        cons = []
+        for a, n in zip(iters, iter_names):
+            lo, ext = isl_aff(a.min, names), isl_aff(a.extent, names)
+            if lo is None or ext is None:
+                raise UnsupportedOpError(
+                    f"compute {op.name}: the range of axis {a.name} ({a.min} .. {a.min} + {a.extent}) is not "
+                    "affine in the sizes; use ints, te.var sizes and + - * // % by constants"
+                )
+            cons.append(f"{lo} <= {n} < ({lo}) + ({ext})")
+        space = f"{name}[{', '.join(iter_names)}]"
+        domain = isl.Set(f"{self.param_str} -> {{ {space} : {' and '.join(cons) or '0 = 0'} }}")
+        out = op.output(0)
+        writes = self._access(space, domain, out, tuple(op.axis), names)
+        reads = isl.UnionMap.empty(domain.get_space().params())
+        for root in (value,) + ((guard,) if guard is not None else ()):
+            for n in walk(root):
+                if isinstance(n, TensorRead):
+                    reads = reads.union(self._access(space, domain, n.tensor, n.indices, names))
+        return Statement(name, stage, kind, op, iters, iter_names, domain, out, tuple(op.axis),
+                         value, guard, reads, writes)
+
+    def _access(self, space: str, domain: isl.Set, t: Tensor, indices: tuple[Expr, ...],
+                names: dict[int, str]) -> isl.UnionMap:
+        outs, cons = [], []
+        for d, (ix, ext) in enumerate(zip(indices, t.shape)):
+            a = isl_aff(ix, names)
+            o = f"o{d}"
+            outs.append(o)
+            if a is not None:
+                cons.append(f"{o} = {a}")
+            else:  # data-dependent: any element of this dimension may be read
+                e = isl_aff(ext, names)
+                cons.append(f"0 <= {o}" + (f" < {e}" if e is not None else ""))
+        text = (f"{self.param_str} -> {{ {space} -> {self.tensor_name(t)}[{', '.join(outs)}] : "
+                f"{' and '.join(cons) or '0 = 0'} }}")
+        try:
+            m = isl.Map(text)
+        except isl.Error as exc:  # pragma: no cover - isl_aff only emits valid syntax
+            raise ShapeError(f"cannot model the access {t.name}{list(map(str, indices))}: {exc}") from exc
+        return isl.UnionMap.from_map(m.intersect_domain(domain))
+
+    # -- union views ----------------------------------------------------------
+    def union(self, attr: str) -> isl.UnionMap:
+        result = None
+        for s in self.statements:
+            x = getattr(s, attr)
+            result = x if result is None else result.union(x)
+        return result if result is not None else isl.UnionMap("{ }")
+
+    @cached_property
+    def domain(self) -> isl.UnionSet:
+        result = isl.UnionSet.empty(self.context.get_space())
+        for s in self.statements:
+            result = result.union(isl.UnionSet.from_set(s.domain))
+        return result
+
+    @property
+    def reads(self) -> isl.UnionMap:
+        return self.union("reads")
+
+    @property
+    def writes(self) -> isl.UnionMap:
+        return self.union("writes")
+
+    @cached_property
+    def original_schedule(self) -> isl.UnionMap:
+        """Stages in producer order, loops in te order; a reduction's init before its update loops::
+
+            S_init[i, j] -> [stage, i, j, 0, 0];  S_update[i, j, k] -> [stage, i, j, 1, k]
+        """
+        width = 1 + max((len(s.op.axis) + (1 + len(s.op.reduce_axis) if s.op.reduce_axis else 0)
+                         for s in self.statements), default=0)
+        result = isl.UnionMap.empty(self.context.get_space())
+        for s in self.statements:
+            dims = [str(s.stage)] + list(s.iter_names[: len(s.op.axis)])
+            if s.kind == "init":
+                dims.append("0")
+            elif s.kind == "update":
+                dims.append("1")
+                dims.extend(s.iter_names[len(s.op.axis):])
+            dims += ["0"] * (width - len(dims))
+            m = isl.Map(f"{self.param_str} -> {{ {s.name}[{', '.join(s.iter_names)}] -> [{', '.join(dims)}] }}")
+            result = result.union(isl.UnionMap.from_map(m.intersect_domain(s.domain)))
+        return result
+
+    def statement(self, name: str) -> Statement:
+        for s in self.statements:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+
+def build_model(sched: Schedule) -> PolyModel:
+    isl.DEFAULT_CONTEXT.set_max_operations(MAX_ISL_OPERATIONS)
+    return PolyModel(sched)

@@ -1,0 +1,198 @@
+"""Targets: which machine code is generated for, and what that machine offers.
+
+A target is written as a string and parsed once (instances are cached)::
+
+    Target("llvm")                      # this host: triple, CPU and features from LLVM
+    Target("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76 -mattr=+neon")
+    Target("cuda -arch=sm_90")          # parses; building for it is not supported yet
+
+``canonical`` spells out the triple, CPU and enabled features in a stable
+order; tuning records and compile caches are keyed by it.  ``vector_bits``,
+``num_cores`` and the cache sizes feed the schedulers' cost models.
+
+Host detection imports llvmlite lazily, so ``import cuvil.target`` is cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from cuvil.errors import TargetError
+
+_DEFAULT_CACHES = {"l1": 32 * 1024, "l2": 1024 * 1024, "l3": 8 * 1024 * 1024}
+_OPTIONS = {"llvm": ("mtriple", "mcpu", "mattr", "num-cores"), "cuda": ("arch",)}
+
+
+class Target:
+    """A parsed target string; ``Target(s)`` returns the same object for the same ``s``."""
+
+    kind: str
+    triple: str
+    cpu: str
+    features: str  # LLVM feature string as passed to the code generator ("+avx2,-avx512f,...")
+    arch: str  # cuda only ("sm_90")
+    is_host: bool
+    num_cores: int
+    l1_size: int
+    l2_size: int
+    l3_size: int
+
+    _cache: dict[str, Target] = {}
+
+    def __new__(cls, spec: str | Target = "llvm") -> Target:
+        if isinstance(spec, Target):
+            return spec
+        if not isinstance(spec, str):
+            raise TargetError(f"a target is a string such as 'llvm' or 'cuda -arch=sm_90', got {spec!r}")
+        key = " ".join(spec.split())
+        if key not in cls._cache:
+            obj = super().__new__(cls)
+            obj._parse(key)
+            cls._cache[key] = obj
+        return cls._cache[key]
+
+    @classmethod
+    def current(cls) -> Target:
+        """The host CPU (same as ``Target("llvm")``)."""
+        return cls("llvm")
+
+    # -- parsing --------------------------------------------------------------
+    def _parse(self, spec: str) -> None:
+        words = spec.split()
+        if not words:
+            raise TargetError("empty target string; use 'llvm' for this host's CPU")
+        kind = words[0]
+        if kind not in _OPTIONS:
+            raise TargetError(f"unknown target kind {kind!r} in {spec!r}; known kinds: llvm, cuda")
+        opts: dict[str, str] = {}
+        for w in words[1:]:
+            m = re.fullmatch(r"-([a-z-]+)=(\S+)", w)
+            if m is None or m.group(1) not in _OPTIONS[kind]:
+                allowed = ", ".join(f"-{o}=..." for o in _OPTIONS[kind])
+                raise TargetError(f"unknown option {w!r} in target {spec!r}; {kind} accepts {allowed}")
+            opts[m.group(1)] = m.group(2)
+        self.kind = kind
+        self.arch = ""
+        caches = dict(_DEFAULT_CACHES)
+        if kind == "cuda":
+            self.arch = opts.get("arch", "sm_80")
+            if not re.fullmatch(r"sm_\d+a?", self.arch):
+                raise TargetError(f"cuda -arch must look like sm_90, got {self.arch!r}")
+            self.triple, self.cpu, self.features, self.is_host = "nvptx64-nvidia-cuda", self.arch, "", False
+            self.num_cores = 1
+        else:
+            host_triple = _llvm().get_process_triple()
+            self.triple = opts.get("mtriple", host_triple)
+            self.is_host = _same_machine(self.triple, host_triple)
+            host_cpu = self.is_host and "mcpu" not in opts and "mattr" not in opts
+            if host_cpu:
+                self.cpu = _llvm().get_host_cpu_name()
+                self.features = _llvm().get_host_cpu_features().flatten()
+            else:
+                self.cpu = opts.get("mcpu", "generic")
+                self.features = _parse_mattr(opts.get("mattr", ""), spec)
+            _check_llvm_target(self.triple, spec)
+            default_cores = (os.cpu_count() or 1) if self.is_host else 4
+            try:
+                self.num_cores = int(opts.get("num-cores", default_cores))
+            except ValueError:
+                raise TargetError(f"-num-cores must be an integer in {spec!r}") from None
+            if host_cpu:
+                caches.update(_host_caches())
+        self.l1_size, self.l2_size, self.l3_size = caches["l1"], caches["l2"], caches["l3"]
+
+    # -- derived facts --------------------------------------------------------
+    @property
+    def enabled_features(self) -> tuple[str, ...]:
+        """Names of the enabled features, sorted, without the '+'."""
+        return tuple(sorted(f[1:] for f in self.features.split(",") if f.startswith("+")))
+
+    @property
+    def canonical(self) -> str:
+        if self.kind == "cuda":
+            return f"cuda -arch={self.arch}"
+        attrs = ",".join("+" + f for f in self.enabled_features)
+        return f"llvm -mtriple={self.triple} -mcpu={self.cpu}" + (f" -mattr={attrs}" if attrs else "")
+
+    @property
+    def vector_bits(self) -> int:
+        """Width of the widest SIMD registers the features enable."""
+        feats = set(self.enabled_features)
+        if "avx512f" in feats:
+            return 512
+        if feats & {"avx", "avx2"}:
+            return 256
+        if any(f.startswith("sse") for f in feats) or "neon" in feats or self.triple.startswith(("x86_64", "aarch64")):
+            return 128
+        return 0
+
+    def vector_lanes(self, dtype_bits: int) -> int:
+        return max(1, self.vector_bits // dtype_bits)
+
+    def __repr__(self) -> str:
+        return f"Target({self.canonical!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Target, (self.canonical,))
+
+
+def _llvm() -> Any:
+    import llvmlite.binding as llvm
+
+    if not getattr(_llvm, "done", False):
+        llvm.initialize_all_targets()
+        llvm.initialize_all_asmprinters()
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        _llvm.done = True  # type: ignore[attr-defined]
+    return llvm
+
+
+def _same_machine(triple: str, host: str) -> bool:
+    arch = triple.split("-")[0]
+    return arch == host.split("-")[0] and ("linux" in triple) == ("linux" in host)
+
+
+def _parse_mattr(mattr: str, spec: str) -> str:
+    feats = [f for f in mattr.split(",") if f]
+    for f in feats:
+        if not re.fullmatch(r"[+-][a-z0-9_.-]+", f):
+            raise TargetError(f"feature {f!r} in {spec!r} must be +name or -name (e.g. -mattr=+avx2,+fma)")
+    return ",".join(feats)
+
+
+def _check_llvm_target(triple: str, spec: str) -> None:
+    try:
+        _llvm().Target.from_triple(triple)
+    except RuntimeError as exc:
+        raise TargetError(f"LLVM has no backend for triple {triple!r} (from {spec!r}): {exc}") from None
+
+
+def _host_caches() -> dict[str, int]:
+    """L1 data / L2 / L3 sizes in bytes from sysfs, where Linux provides them."""
+    out: dict[str, int] = {}
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for entry in entries:
+        if not entry.startswith("index"):
+            continue
+        try:
+            with open(f"{root}/{entry}/level") as f:
+                level = int(f.read())
+            with open(f"{root}/{entry}/type") as f:
+                kind = f.read().strip()
+            with open(f"{root}/{entry}/size") as f:
+                size = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction" or level not in (1, 2, 3):
+            continue
+        m = re.fullmatch(r"(\d+)([KMG]?)", size)
+        if m:
+            out[f"l{level}"] = int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)]
+    return out
