@@ -6,9 +6,10 @@ structural comparison is :func:`cuvil.ir.functor.structural_equal`.  Hashing is
 by identity, so variables can key substitution maps.
 
 dtype rules (DESIGN.md): a Python scalar takes the other operand's dtype; two
-expressions must have the same dtype, except that an integer index expression
-(one that reads no tensor) widens to the other integer type; ``/`` is true
-division for floats; ``//`` and ``%`` floor like Python and numpy.
+expressions must have the same dtype, except in index arithmetic: integers of
+different widths widen to the wider type when one side reads no tensor
+(``i + idx[t]``); ``/`` is true division for floats; ``//`` and ``%`` floor
+like Python and numpy.
 """
 
 from __future__ import annotations
@@ -283,8 +284,7 @@ def _unify(op: str, a: Any, b: Any) -> tuple[Expr, Expr]:
     if dt.is_int(a.dtype) and dt.is_int(b.dtype):
         # index arithmetic: an integer expression that reads no tensor widens
         wide = a.dtype if dt.bits(a.dtype) >= dt.bits(b.dtype) else b.dtype
-        narrow_side = b if wide == a.dtype else a
-        if not reads_tensor(narrow_side) or isinstance(a, Const) or isinstance(b, Const):
+        if not reads_tensor(a) or not reads_tensor(b):
             return (a if a.dtype == wide else Cast(wide, a)), (b if b.dtype == wide else Cast(wide, b))
     raise DTypeError(
         f"dtypes do not match in '{SYMBOLS.get(op, op)}': {a.dtype} ({a}) and {b.dtype} ({b}); "

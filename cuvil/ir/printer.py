@@ -92,7 +92,7 @@ class Printer:
         elif isinstance(s, For):
             v = self.name(s.var)
             lo = self.expr(s.min)
-            hi = self.expr(s.extent) if _is_zero(s.min) else self.expr(s.min + s.extent)
+            hi = self.expr(s.extent) if _is_zero(s.min) else self.expr(simplify_expr(s.min + s.extent))
             kind = "" if s.kind == "serial" else f"{s.kind} "
             out.append(f"{pad}{kind}for ({v} = {lo}; {v} < {hi}; {v}++) {{")
             self.stmt(s.body, indent + 1, out)
@@ -146,6 +146,12 @@ def _const(e: Const) -> str:
             text = repr(v)
         return text + ("f" if e.dtype == "float32" else "h" if e.dtype == "float16" else "")
     return str(v)
+
+
+def simplify_expr(e: Expr) -> Expr:
+    from cuvil.ir.simplify import simplify_expr as simp
+
+    return simp(e)
 
 
 def expr_str(e: Expr) -> str:

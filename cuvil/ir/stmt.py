@@ -53,7 +53,7 @@ class Stmt:
         return stmt_str(self)
 
     def __repr__(self) -> str:
-        return stmt_str(self)
+        return str(self)
 
 
 @dataclass(frozen=True, eq=False, slots=True, repr=False)

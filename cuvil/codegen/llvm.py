@@ -1,0 +1,307 @@
+"""Loop IR -> LLVM IR -> optimised machine code, through llvmlite.
+
+One :class:`~cuvil.ir.stmt.LoweredFunc` becomes one LLVM module with two
+functions::
+
+    int32_t <name>(void **args, int64_t *sizes);          // the exported ABI
+    internal void <name>.body(T0 *noalias A, ..., i64 N)   // the loop nest
+
+``<name>`` unpacks ``args[i]`` (the data pointer of the i-th Buffer param) and
+``sizes[j]`` (the value of ``size_vars[j]``) and calls the body, whose pointer
+parameters are ``noalias`` (the runtime guarantees outputs overlap nothing);
+O3 inlines it and keeps the aliasing facts.  It returns 0, or 1 when a heap
+allocation failed.
+
+Stages, each a plain function whose result can be printed:
+``codegen_llvm(func, target)`` (unoptimised IR text) -> ``optimize(text,
+target)`` (a parsed, verified, O3-optimised ``llvm.ModuleRef``) ->
+``assembly(mod, target)`` / ``object_code(mod, target)``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from cuvil import dtype as dt
+from cuvil.codegen.llvm_expr import I8, I32, I64, PTR, ExprEmitter, InternalError, mem_type, reg_type
+from cuvil.errors import TargetError, UnsupportedOpError
+from cuvil.ir.expr import Const, Expr, Var
+from cuvil.ir.stmt import Allocate, Block, Buffer, For, If, LetStmt, LoweredFunc, Stmt, Store
+from cuvil.target import Target, _llvm
+
+STACK_LIMIT = 64 * 1024  # Allocate buffers of constant size up to this many bytes live on the stack
+_LOOP_MD = {
+    "serial": (),
+    "unroll": (("llvm.loop.unroll.enable", None),),
+    "vectorize": (("llvm.loop.vectorize.enable", True),),
+}
+
+
+def codegen_llvm(func: LoweredFunc, target: Target | str) -> str:
+    """The LLVM IR text (unoptimised) of a module that defines ``func``'s entry point."""
+    target = Target(target)
+    if target.kind != "llvm":
+        raise TargetError(f"the LLVM code generator cannot build for {target.canonical!r}")
+    tm = target_machine(target)
+    module = ir.Module(name=func.name)
+    module.triple = target.triple
+    module.data_layout = str(tm.target_data)
+    _FuncEmitter(module, func).emit()
+    return _finish_text(str(module), target)
+
+
+def _finish_text(text: str, target: Target) -> str:
+    """Add what llvmlite cannot spell: CPU attributes and self-referencing loop ids."""
+    attrs = f'"target-cpu"="{target.cpu}"'
+    if target.features:
+        attrs += f' "target-features"="{target.features}"'
+    text = re.sub(r"^(define .*\) nounwind)$", lambda m: f"{m.group(1)} {attrs}", text, flags=re.M)
+    # loop ids are written as !{!"cuvil.loop.N", ...}; LLVM wants distinct !{<self>, ...}
+    return re.sub(r'^(!\d+) = !\{ !"cuvil\.loop\.\d+"', lambda m: f"{m.group(1)} = distinct !{{ {m.group(1)}",
+                  text, flags=re.M)
+
+
+class _FuncEmitter(ExprEmitter):
+    def __init__(self, module: ir.Module, func: LoweredFunc):
+        self.module = module
+        self.func = func
+        self.env: dict[Var, ir.Value] = {}
+        self.buffers: dict[Any, tuple[ir.Value, list[ir.Value]]] = {}
+        self.heap: list[ir.Value] = []
+        self.loops = 0
+
+    def emit(self) -> None:
+        f = self.func
+        bufs = [p for p in f.params if isinstance(p, Buffer)]
+        for p in f.params:
+            if isinstance(p, Var) and p not in f.size_vars:
+                raise InternalError(f"internal error in LLVM codegen: Var param {p.name!r} is not in size_vars")
+        body_ty = ir.FunctionType(I32, [PTR] * len(bufs) + [reg_type(v.dtype) for v in f.size_vars])
+        body_fn = ir.Function(self.module, body_ty, f"{f.name}.body")
+        body_fn.linkage = "internal"
+        body_fn.attributes.add("nounwind")
+        for arg, buf in zip(body_fn.args, bufs):
+            arg.add_attribute("noalias")
+            arg.name = buf.name
+        for arg, v in zip(body_fn.args[len(bufs):], f.size_vars):
+            arg.name = v.name
+            self.env[v] = arg
+        self.entry = body_fn.append_basic_block("entry")
+        self.builder = ir.IRBuilder(self.entry)
+        for arg, buf in zip(body_fn.args, bufs):
+            self.buffers[buf] = (arg, [self.dim(d) for d in buf.shape])
+        self.fail_bb = body_fn.append_basic_block("out_of_memory")
+        self.stmt(f.body)
+        self.builder.ret(ir.Constant(I32, 0))
+        ir.IRBuilder(self.fail_bb).ret(ir.Constant(I32, 1))
+        self.emit_entry_point(body_fn, bufs)
+
+    def emit_entry_point(self, body_fn: ir.Function, bufs: list[Buffer]) -> None:
+        f = self.func
+        fn = ir.Function(self.module, ir.FunctionType(I32, [PTR, PTR]), f.name)
+        fn.attributes.add("nounwind")
+        fn.args[0].name, fn.args[1].name = "args", "sizes"
+        for a in fn.args:
+            a.add_attribute("noalias")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        vals = []
+        for i, buf in enumerate(bufs):
+            slot = b.gep(fn.args[0], [ir.Constant(I64, i)], inbounds=True, source_etype=PTR)
+            vals.append(b.load(slot, name=buf.name, typ=PTR))
+        for j, v in enumerate(f.size_vars):
+            slot = b.gep(fn.args[1], [ir.Constant(I64, j)], inbounds=True, source_etype=I64)
+            x = b.load(slot, name=v.name, typ=I64)
+            vals.append(self.cast_size(b, x, v.dtype))
+        b.ret(b.call(body_fn, vals))
+
+    @staticmethod
+    def cast_size(b: ir.IRBuilder, x: ir.Value, dtype: str) -> ir.Value:
+        if not dt.is_int(dtype):
+            raise InternalError(f"internal error in LLVM codegen: size variable of dtype {dtype}")
+        t = reg_type(dtype)
+        return x if t.width == 64 else b.trunc(x, t)
+
+    def dim(self, e: Expr) -> ir.Value:
+        return self.to_i64(self.expr(e), e.dtype)
+
+    # -- statements -------------------------------------------------------------
+    def stmt(self, s: Stmt) -> None:
+        b = self.builder
+        if isinstance(s, Block):
+            for x in s.stmts:
+                self.stmt(x)
+        elif isinstance(s, Store):
+            value = self.to_memory(self.expr(s.value), s.buffer.dtype)
+            b.store(value, self.address(s.buffer, s.indices))
+        elif isinstance(s, For):
+            self.loop(s)
+        elif isinstance(s, If):
+            self.branch(s)
+        elif isinstance(s, LetStmt):
+            self.env[s.var] = self.expr(s.value)
+            self.stmt(s.body)
+            del self.env[s.var]
+        elif isinstance(s, Allocate):
+            self.allocate(s)
+        else:
+            raise InternalError(f"internal error in LLVM codegen: unknown statement {type(s).__name__}")
+
+    def loop(self, s: For) -> None:
+        if s.kind == "parallel":
+            raise UnsupportedOpError(
+                f"loop '{s.var.name}' is marked parallel, which the LLVM backend does not support yet; "
+                "remove .parallel() from the schedule (threads are coming)"
+            )
+        if s.kind not in _LOOP_MD:
+            raise InternalError(f"internal error in LLVM codegen: unknown loop kind {s.kind!r}")
+        b = self.builder
+        t = reg_type(s.var.dtype)
+        lo = self.cast(self.expr(s.min), s.min.dtype, s.var.dtype)
+        hi = b.add(lo, self.cast(self.expr(s.extent), s.extent.dtype, s.var.dtype))
+        fn = b.function
+        pre = b.block
+        head, body, done = (fn.append_basic_block(f"{s.var.name}.{n}") for n in ("head", "body", "done"))
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(t, name=s.var.name)
+        i.add_incoming(lo, pre)
+        cmp = b.icmp_unsigned if s.var.dtype.startswith("uint") else b.icmp_signed
+        b.cbranch(cmp("<", i, hi), body, done)
+        b.position_at_end(body)
+        self.env[s.var] = i
+        self.stmt(s.body)
+        del self.env[s.var]
+        nxt = b.add(i, ir.Constant(t, 1), flags=("nsw",) if not s.var.dtype.startswith("uint") else ())
+        i.add_incoming(nxt, b.block)
+        latch = b.branch(head)
+        if _LOOP_MD[s.kind]:
+            latch.set_metadata("llvm.loop", self.loop_id(s.kind))
+        b.position_at_end(done)
+
+    def loop_id(self, kind: str) -> ir.MDValue:
+        self.loops += 1
+        ops: list[Any] = [ir.MetaDataString(self.module, f"cuvil.loop.{self.loops}")]
+        for key, val in _LOOP_MD[kind]:
+            item: list[Any] = [ir.MetaDataString(self.module, key)]
+            if val is not None:
+                item.append(ir.Constant(ir.IntType(1), int(val)))
+            ops.append(self.module.add_metadata(item))
+        return self.module.add_metadata(ops)
+
+    def branch(self, s: If) -> None:
+        b = self.builder
+        cond = self.expr(s.cond)
+        if s.else_body is None:
+            with b.if_then(cond):
+                self.stmt(s.then_body)
+            return
+        with b.if_else(cond) as (then, otherwise):
+            with then:
+                self.stmt(s.then_body)
+            with otherwise:
+                self.stmt(s.else_body)
+
+    def allocate(self, s: Allocate) -> None:
+        buf = s.buffer
+        b = self.builder
+        elem = mem_type(buf.dtype)
+        dims = [self.dim(d) for d in buf.shape]
+        count = _const_size(buf.shape)
+        heap = None
+        if count is not None and count * dt.nbytes(buf.dtype) <= STACK_LIMIT:
+            with b.goto_block(self.entry):
+                b.position_at_start(self.entry)
+                ptr = b.alloca(ir.ArrayType(elem, max(count, 1)), name=buf.name)
+                ptr.align = 64
+        else:
+            n = ir.Constant(I64, 1)
+            for d in dims:
+                n = b.mul(n, d)
+            nbytes = b.mul(n, ir.Constant(I64, dt.nbytes(buf.dtype)))
+            nbytes = b.select(b.icmp_signed(">", nbytes, ir.Constant(I64, 0)), nbytes, ir.Constant(I64, 1))
+            ptr = heap = b.call(self.libc("malloc", PTR, [I64]), [nbytes], name=buf.name)
+            ok = b.append_basic_block(f"{buf.name}.ok")
+            b.cbranch(b.icmp_unsigned("==", ptr, ir.Constant(PTR, None)), self.fail_bb, ok)
+            b.position_at_end(ok)
+        self.buffers[buf] = (ptr, dims)
+        self.stmt(s.body)
+        del self.buffers[buf]
+        if heap is not None:
+            b.call(self.libc("free", ir.VoidType(), [PTR]), [heap])
+
+    def libc(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+        fn = self.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(ret, args), name)
+            fn.attributes.add("nounwind")
+        return fn
+
+
+def _const_size(shape: tuple[Expr, ...]) -> int | None:
+    n = 1
+    for d in shape:
+        if not isinstance(d, Const):
+            return None
+        n *= int(d.value)
+    return n
+
+
+# -- target machines and the optimisation pipeline ---------------------------------
+
+
+_MACHINES: dict[tuple[str, str], llvm.TargetMachine] = {}
+
+
+def target_machine(target: Target | str, reloc: str = "default") -> llvm.TargetMachine:
+    """An LLVM TargetMachine for ``target`` at -O3 (``reloc="pic"`` for shared libraries)."""
+    target = Target(target)
+    key = (target.canonical, reloc)
+    if key not in _MACHINES:
+        lt = _llvm().Target.from_triple(target.triple)
+        _MACHINES[key] = lt.create_target_machine(
+            cpu=target.cpu, features=target.features, opt=3, reloc=reloc, codemodel="jitdefault" if
+            reloc == "default" else "default")
+    return _MACHINES[key]
+
+
+def optimize(ir_text: str, target: Target | str, reloc: str = "default") -> llvm.ModuleRef:
+    """Parse and verify ``ir_text``, then run LLVM's O3 pipeline for ``target``."""
+    _llvm()
+    mod = llvm.parse_assembly(ir_text)
+    mod.verify()
+    tm = target_machine(target, reloc)
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pto.loop_unrolling = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return mod
+
+
+def assembly(mod: llvm.ModuleRef, target: Target | str) -> str:
+    return target_machine(target).emit_assembly(mod)
+
+
+def object_code(mod: llvm.ModuleRef, target: Target | str) -> bytes:
+    """Position-independent object code (for linking into a shared library)."""
+    return target_machine(target, "pic").emit_object(mod)
+
+
+def add_string_constant(ir_text: str, symbol: str, value: str) -> str:
+    """Append ``const char *symbol(void)`` returning ``value`` (a NUL-terminated string) to a module."""
+    data = value.encode() + b"\0"
+    esc = "".join(chr(c) if 32 <= c < 127 and c not in (34, 92) else f"\\{c:02X}" for c in data)
+    n = len(data)
+    return ir_text + (
+        f'\n@"{symbol}.data" = private unnamed_addr constant [{n} x i8] c"{esc}", align 1\n'
+        f'define ptr @"{symbol}"() nounwind {{\n  ret ptr @"{symbol}.data"\n}}\n'
+    )
+
+
+__all__ = ["I8", "STACK_LIMIT", "add_string_constant", "assembly", "codegen_llvm", "object_code", "optimize",
+           "target_machine"]

@@ -1,0 +1,354 @@
+"""Scalar expressions -> LLVM IR (llvmlite.ir), with numpy's semantics.
+
+Types: float16 is a storage type (``half`` in memory, ``float`` in registers);
+bool is ``i8`` 0/1 in memory and ``i1`` in registers; unsigned integers are
+plain ``iN`` values whose operations pick the unsigned instruction.
+
+Rules that differ from C (and are the point of this file):
+- integer ``//`` and ``%`` floor like Python; a zero divisor gives 0 and
+  ``INT_MIN // -1`` wraps, so no division instruction can trap;
+- float ``//`` and ``%`` follow ``np.floor_divide`` / ``np.remainder``;
+- float ``min``/``max`` propagate NaN like ``np.minimum``/``np.maximum``;
+- ``!=`` on floats is unordered (NaN != NaN), the other comparisons ordered;
+- ``select`` evaluates only the chosen side when a side reads memory or divides.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+
+from cuvil import dtype as dt
+from cuvil.errors import CuvilError
+from cuvil.ir.expr import Binary, Call, Cast, Const, Expr, Load, Reduce, Select, TensorRead, Unary, Var
+from cuvil.ir.functor import walk
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+HALF, FLOAT, DOUBLE = ir.HalfType(), ir.FloatType(), ir.DoubleType()
+PTR = ir.PointerType()
+FAST = ("contract",)  # FMA contraction only; never reassociation
+
+_INT_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_LIBM = {"tanh": ("tanhf", "tanh"), "erf": ("erff", "erf")}
+_INTRINSIC = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "fabs", "floor": "floor", "ceil": "ceil",
+              "round": "roundeven", "trunc": "trunc", "pow": "pow"}
+
+
+class InternalError(CuvilError):
+    """The loop IR handed to codegen is malformed (a bug in an earlier stage)."""
+
+
+def reg_type(dtype: str) -> ir.Type:
+    """The LLVM type that holds a value of ``dtype`` in registers."""
+    if dtype in ("float16", "float32"):
+        return FLOAT
+    if dtype == "float64":
+        return DOUBLE
+    if dtype == "bool":
+        return I1
+    return ir.IntType(dt.bits(dtype))
+
+
+def mem_type(dtype: str) -> ir.Type:
+    """The LLVM type of one element of ``dtype`` in memory."""
+    if dtype == "float16":
+        return HALF
+    if dtype == "bool":
+        return I8
+    return reg_type(dtype)
+
+
+def _unsigned(dtype: str) -> bool:
+    return dtype == "bool" or (dt.is_int(dtype) and not dt.is_signed(dtype))
+
+
+def needs_branch(e: Expr) -> bool:
+    """True if evaluating ``e`` speculatively could read memory or divide."""
+    for n in walk(e):
+        if isinstance(n, Load):
+            return True
+        if isinstance(n, Binary) and n.op in ("floordiv", "floormod") and not dt.is_float(n.dtype):
+            return True
+    return False
+
+
+class ExprEmitter:
+    """Emits expressions at ``self.builder``; ``self.env`` maps Vars to values.
+
+    ``self.buffers`` maps a Buffer to ``(pointer, [dims as i64 values])``.
+    """
+
+    module: ir.Module
+    builder: ir.IRBuilder
+    env: dict[Var, ir.Value]
+    buffers: dict[Any, tuple[ir.Value, list[ir.Value]]]
+
+    # -- entry point ------------------------------------------------------------
+    def expr(self, e: Expr) -> ir.Value:
+        if isinstance(e, Const):
+            return self.const(e.value, e.dtype)
+        if isinstance(e, Var):  # IterVar included
+            if e not in self.env:
+                raise InternalError(f"internal error in LLVM codegen: variable {e.name!r} is not bound here")
+            return self.env[e]
+        if isinstance(e, Cast):
+            return self.cast(self.expr(e.value), e.value.dtype, e.dtype)
+        if isinstance(e, Binary):
+            return self.binary(e.op, self.expr(e.a), self.expr(e.b), e.a.dtype)
+        if isinstance(e, Unary):
+            a = self.expr(e.a)
+            if e.op == "not":
+                return self.builder.not_(a)
+            return self.builder.fneg(a) if dt.is_float(e.dtype) else self.builder.neg(a)
+        if isinstance(e, Call):
+            return self.call(e)
+        if isinstance(e, Select):
+            return self.select(e)
+        if isinstance(e, Load):
+            return self.load(e.buffer, e.indices)
+        if isinstance(e, (TensorRead, Reduce)):
+            raise InternalError(
+                f"internal error in LLVM codegen: {type(e).__name__} {e} reached codegen; "
+                "lowering must turn tensor reads into Loads and reductions into loops"
+            )
+        raise InternalError(f"internal error in LLVM codegen: unknown expression {e!r}")
+
+    def const(self, value: Any, dtype: str) -> ir.Constant:
+        t = reg_type(dtype)
+        if dtype == "float16":  # round to half first, then hold as float
+            import numpy as np
+
+            value = float(np.float16(value))
+        if dt.is_float(dtype):
+            return ir.Constant(t, float(value))
+        return ir.Constant(t, int(value) & ((1 << t.width) - 1))
+
+    # -- memory -----------------------------------------------------------------
+    def address(self, buffer: Any, indices: tuple[Expr, ...]) -> ir.Value:
+        if buffer not in self.buffers:
+            raise InternalError(f"internal error in LLVM codegen: buffer {buffer.name!r} is not allocated here")
+        ptr, dims = self.buffers[buffer]
+        if len(indices) != len(dims):
+            raise InternalError(
+                f"internal error in LLVM codegen: {buffer.name} has {len(dims)} dims, indexed with {len(indices)}"
+            )
+        b = self.builder
+        flat: ir.Value = ir.Constant(I64, 0)
+        for k, (idx, dim) in enumerate(zip(indices, dims)):
+            i = self.to_i64(self.expr(idx), idx.dtype)
+            flat = i if k == 0 else b.add(b.mul(flat, dim, flags=("nsw",)), i, flags=("nsw",))
+        return b.gep(ptr, [flat], inbounds=True, source_etype=mem_type(buffer.dtype))
+
+    def load(self, buffer: Any, indices: tuple[Expr, ...]) -> ir.Value:
+        v = self.builder.load(self.address(buffer, indices), typ=mem_type(buffer.dtype))
+        if buffer.dtype == "float16":
+            return self.builder.fpext(v, FLOAT)
+        if buffer.dtype == "bool":
+            return self.builder.icmp_unsigned("!=", v, ir.Constant(I8, 0))
+        return v
+
+    def to_memory(self, v: ir.Value, dtype: str) -> ir.Value:
+        if dtype == "float16":
+            return self.builder.fptrunc(v, HALF)
+        if dtype == "bool":
+            return self.builder.zext(v, I8)
+        return v
+
+    def to_i64(self, v: ir.Value, dtype: str) -> ir.Value:
+        if not isinstance(v.type, ir.IntType):
+            raise InternalError(f"internal error in LLVM codegen: index of dtype {dtype} is not an integer")
+        if v.type.width == 64:
+            return v
+        if v.type.width > 64:
+            return self.builder.trunc(v, I64)
+        return self.builder.zext(v, I64) if _unsigned(dtype) else self.builder.sext(v, I64)
+
+    # -- casts ------------------------------------------------------------------
+    def cast(self, v: ir.Value, src: str, dst: str) -> ir.Value:
+        b = self.builder
+        if src == dst:
+            return v
+        st, tt = reg_type(src), reg_type(dst)
+        if dst == "bool":
+            if dt.is_float(src):
+                return b.fcmp_unordered("!=", v, ir.Constant(st, 0.0))
+            return b.icmp_unsigned("!=", v, ir.Constant(st, 0))
+        if dt.is_float(dst):
+            if dst == "float16":  # round to half precision, then hold the value as float
+                if dt.is_float(src):
+                    h = b.fptrunc(v, HALF)
+                else:
+                    h = b.uitofp(v, HALF) if _unsigned(src) else b.sitofp(v, HALF)
+                return b.fpext(h, FLOAT)
+            if dt.is_float(src):
+                if st == tt:
+                    return v
+                return b.fpext(v, tt) if tt == DOUBLE else b.fptrunc(v, tt)
+            return b.uitofp(v, tt) if _unsigned(src) else b.sitofp(v, tt)
+        # integer destination
+        if dt.is_float(src):
+            return b.fptoui(v, tt) if _unsigned(dst) else b.fptosi(v, tt)
+        if st.width == tt.width:
+            return v
+        if st.width > tt.width:
+            return b.trunc(v, tt)
+        return b.zext(v, tt) if _unsigned(src) else b.sext(v, tt)
+
+    # -- binary operators -------------------------------------------------------
+    def binary(self, op: str, a: ir.Value, b_: ir.Value, dtype: str) -> ir.Value:
+        b = self.builder
+        if dt.is_float(dtype):
+            return self.float_binary(op, a, b_)
+        unsigned = _unsigned(dtype)
+        if op in _INT_CMP:
+            cmp = b.icmp_unsigned if unsigned else b.icmp_signed
+            return cmp(_INT_CMP[op], a, b_)
+        if op == "add":
+            return b.add(a, b_)
+        if op == "sub":
+            return b.sub(a, b_)
+        if op == "mul":
+            return b.mul(a, b_)
+        if op == "and":
+            return b.and_(a, b_)
+        if op == "or":
+            return b.or_(a, b_)
+        if op == "xor":
+            return b.xor(a, b_)
+        if op in ("min", "max"):
+            cmp = b.icmp_unsigned if unsigned else b.icmp_signed
+            return b.select(cmp("<" if op == "min" else ">", a, b_), a, b_)
+        if op in ("floordiv", "floormod"):
+            return self.int_floordiv(op, a, b_, unsigned)
+        raise InternalError(f"internal error in LLVM codegen: operator {op!r} on {dtype}")
+
+    def int_floordiv(self, op: str, a: ir.Value, d: ir.Value, unsigned: bool) -> ir.Value:
+        """Python's floor division / modulo on integers; x // 0 == x % 0 == 0; never traps."""
+        b = self.builder
+        t = a.type
+        zero, one = ir.Constant(t, 0), ir.Constant(t, 1)
+        is_zero = b.icmp_unsigned("==", d, zero)
+        if unsigned:
+            safe = b.select(is_zero, one, d)
+            r = b.udiv(a, safe) if op == "floordiv" else b.urem(a, safe)
+            return b.select(is_zero, zero, r)
+        minus_one = ir.Constant(t, -1 & ((1 << t.width) - 1))
+        is_m1 = b.icmp_signed("==", d, minus_one)
+        safe = b.select(b.or_(is_zero, is_m1), one, d)  # INT_MIN / -1 would trap: divide by 1 instead
+        q, r = b.sdiv(a, safe), b.srem(a, safe)
+        # C truncates; floor differs when the remainder is non-zero and its sign differs from the divisor's
+        fix = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("<", b.xor(r, safe), zero))
+        if op == "floordiv":
+            q = b.sub(q, b.zext(fix, t))
+            q = b.select(is_m1, b.neg(a), q)  # wraps for INT_MIN, like numpy
+            return b.select(is_zero, zero, q)
+        r = b.select(fix, b.add(r, safe), r)
+        return b.select(b.or_(is_zero, is_m1), zero, r)
+
+    def float_binary(self, op: str, a: ir.Value, c: ir.Value) -> ir.Value:
+        b = self.builder
+        if op == "add":
+            return b.fadd(a, c, flags=FAST)
+        if op == "sub":
+            return b.fsub(a, c, flags=FAST)
+        if op == "mul":
+            return b.fmul(a, c, flags=FAST)
+        if op == "div":
+            return b.fdiv(a, c)
+        if op == "ne":
+            return b.fcmp_unordered("!=", a, c)
+        if op in _INT_CMP:
+            return b.fcmp_ordered(_INT_CMP[op], a, c)
+        if op in ("min", "max"):
+            # np.maximum: (a >= b or isnan(a)) ? a : b  -- NaN in either operand wins
+            keep_a = b.or_(b.fcmp_ordered(">=" if op == "max" else "<=", a, c), b.fcmp_unordered("uno", a, a))
+            return b.select(keep_a, a, c)
+        if op in ("floordiv", "floormod"):
+            return self.float_floordiv(op, a, c)
+        raise InternalError(f"internal error in LLVM codegen: operator {op!r} on floats")
+
+    def float_floordiv(self, op: str, a: ir.Value, d: ir.Value) -> ir.Value:
+        """np.floor_divide / np.remainder on floats, built on fmod (LLVM's frem)."""
+        b = self.builder
+        t = a.type
+        zero, one = ir.Constant(t, 0.0), ir.Constant(t, 1.0)
+        mod = b.frem(a, d)
+        d_is_zero = b.fcmp_ordered("==", d, zero)
+        mod_nonzero = b.fcmp_unordered("!=", mod, zero)
+        signs_differ = b.xor(b.fcmp_ordered("<", d, zero), b.fcmp_ordered("<", mod, zero))
+        adjust = b.and_(mod_nonzero, signs_differ)
+        if op == "floormod":
+            fixed = b.select(adjust, b.fadd(mod, d), mod)
+            # a zero remainder takes the divisor's sign; a zero divisor gives fmod's NaN
+            fixed = b.select(mod_nonzero, fixed, self.intrinsic("copysign", [zero, d]))
+            return b.select(d_is_zero, mod, fixed)
+        quot = b.fdiv(b.fsub(a, mod), d)
+        quot = b.select(adjust, b.fsub(quot, one), quot)
+        fl = self.intrinsic("floor", [quot])
+        fl = b.select(b.fcmp_ordered(">", b.fsub(quot, fl), ir.Constant(t, 0.5)), b.fadd(fl, one), fl)
+        quot_zero = b.fcmp_ordered("==", quot, zero)
+        fl = b.select(quot_zero, self.intrinsic("copysign", [zero, b.fdiv(a, d)]), fl)
+        return b.select(d_is_zero, b.fdiv(a, d), fl)
+
+    # -- calls and select -------------------------------------------------------
+    def intrinsic(self, name: str, args: list[ir.Value]) -> ir.Value:
+        t = args[0].type
+        suffix = "f32" if t == FLOAT else "f64"
+        fname = f"llvm.{name}.{suffix}"
+        fn = self.module.globals.get(fname)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(t, [t] * len(args)), fname)
+        return self.builder.call(fn, args)
+
+    def libm(self, name: str, arg: ir.Value) -> ir.Value:
+        fname = _LIBM[name][0 if arg.type == FLOAT else 1]
+        fn = self.module.globals.get(fname)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(arg.type, [arg.type]), fname)
+            fn.attributes.add("nounwind")
+            fn.attributes.add("readnone")
+        return self.builder.call(fn, [arg])
+
+    def call(self, e: Call) -> ir.Value:
+        args = [self.expr(a) for a in e.args]
+        b = self.builder
+        if not all(dt.is_float(a.dtype) for a in e.args):
+            raise InternalError(f"internal error in LLVM codegen: {e.name} of non-float {e}")
+        x = args[0]
+        one = ir.Constant(x.type, 1.0)
+        if e.name == "isnan":
+            return b.fcmp_unordered("uno", x, x)
+        if e.name == "rsqrt":
+            return b.fdiv(one, self.intrinsic("sqrt", [x]))
+        if e.name == "sigmoid":
+            return b.fdiv(one, b.fadd(one, self.intrinsic("exp", [b.fneg(x)])))
+        if e.name in _LIBM:
+            return self.libm(e.name, x)
+        if e.name in _INTRINSIC:
+            return self.intrinsic(_INTRINSIC[e.name], args)
+        raise InternalError(f"internal error in LLVM codegen: unknown math function {e.name!r}")
+
+    def select(self, e: Select) -> ir.Value:
+        b = self.builder
+        cond = self.expr(e.cond)
+        if not (needs_branch(e.t) or needs_branch(e.f)):
+            return b.select(cond, self.expr(e.t), self.expr(e.f))
+        # evaluate only the chosen side: the other may index out of bounds (padding)
+        fn = b.function
+        then_bb, else_bb, merge_bb = fn.append_basic_block("sel.t"), fn.append_basic_block("sel.f"), None
+        merge_bb = fn.append_basic_block("sel.end")
+        b.cbranch(cond, then_bb, else_bb)
+        b.position_at_end(then_bb)
+        tv = self.expr(e.t)
+        t_end = b.block
+        b.branch(merge_bb)
+        b.position_at_end(else_bb)
+        fv = self.expr(e.f)
+        f_end = b.block
+        b.branch(merge_bb)
+        b.position_at_end(merge_bb)
+        phi = b.phi(tv.type)
+        phi.add_incoming(tv, t_end)
+        phi.add_incoming(fv, f_end)
+        return phi
