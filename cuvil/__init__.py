@@ -27,8 +27,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "te": ("cuvil.te", None),
-    "lower": ("cuvil.build", "lower"),
-    "build": ("cuvil.build", "build"),
+    "lower": ("cuvil.pipeline", "lower"),
+    "build": ("cuvil.pipeline", "build"),
     "Target": ("cuvil.target", "Target"),
     "runtime": ("cuvil.runtime", None),
 }

@@ -172,3 +172,16 @@ def test_schedule_lookup_errors():
         s[other]
     with pytest.raises(cuvil.ScheduleError, match="placeholder"):
         te.create_schedule(A)
+
+
+def test_isl_operation_bound_gives_a_clear_error(monkeypatch):
+    import cuvil.schedule.model as model
+
+    A, B, C = _matmul(8, 8, 8)
+    monkeypatch.setattr(model, "MAX_ISL_OPERATIONS", 50)
+    with pytest.raises(cuvil.CuvilError, match="isl gave up after 50 operations"):
+        cuvil.lower(te.create_schedule(C), [A, B, C])
+    monkeypatch.undo()
+    # the bound is per lowering: many lowerings in one process keep working
+    for _ in range(300):
+        cuvil.lower(te.create_schedule(C), [A, B, C])

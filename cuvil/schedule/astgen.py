@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import islpy as isl
 
-from cuvil.errors import CuvilError, UnsupportedOpError
+from cuvil.errors import UnsupportedOpError
 from cuvil.ir import expr as E
 from cuvil.ir.expr import Expr, TensorRead, Var
 from cuvil.ir.functor import ExprMutator, substitute
@@ -28,13 +28,7 @@ _NODE = isl.ast_node_type
 def generate_ast(model: PolyModel, schedule: isl.UnionMap) -> isl.AstNode:
     """Ask isl for the loop AST of ``schedule`` over the model's domains."""
     build = isl.AstBuild.from_context(model.context)
-    try:
-        return build.node_from_schedule_map(schedule.intersect_domain(model.domain))
-    except isl.Error as exc:
-        raise CuvilError(
-            f"isl could not generate loops for this schedule ({exc}); the problem may be too large "
-            f"for the operation bound"
-        ) from exc
+    return build.node_from_schedule_map(schedule.intersect_domain(model.domain))
 
 
 class _Reads(ExprMutator):

@@ -20,12 +20,14 @@ dimension.  isl objects stay inside ``cuvil/schedule``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 
 import islpy as isl
 
-from cuvil.errors import ShapeError, UnsupportedOpError
+from cuvil.errors import CuvilError, ShapeError, UnsupportedOpError
 from cuvil.ir.expr import Binary, Cast, Const, Expr, IterVar, TensorRead, Unary, Var
 from cuvil.ir.functor import substitute, walk
 from cuvil.schedule.schedule import Schedule
@@ -284,5 +286,33 @@ class PolyModel:
 
 
 def build_model(sched: Schedule) -> PolyModel:
-    isl.DEFAULT_CONTEXT.set_max_operations(MAX_ISL_OPERATIONS)
     return PolyModel(sched)
+
+
+def _budget_spent() -> bool:
+    """isl reports a spent operation bound as whatever call ran out; probe with a trivial one."""
+    try:
+        isl.Set("{ [0] }")
+    except isl.Error:
+        return True
+    return False
+
+
+@contextmanager
+def isl_budget(what: str) -> Iterator[None]:
+    """Run isl work under a fresh operation bound; an isl failure becomes a CuvilError."""
+    ctx = isl.DEFAULT_CONTEXT
+    ctx.set_max_operations(MAX_ISL_OPERATIONS)
+    ctx.reset_operations()
+    try:
+        yield
+    except isl.Error as exc:
+        if _budget_spent():
+            raise CuvilError(
+                f"{what}: isl gave up after {MAX_ISL_OPERATIONS} operations; the program is too large or "
+                "too irregular to model (simplify the indices or split the computation)"
+            ) from exc
+        raise CuvilError(f"{what}: isl failed: {exc}") from exc
+    finally:
+        ctx.set_max_operations(0)
+        ctx.reset_operations()

@@ -25,7 +25,7 @@ from cuvil.ir.expr import IterVar, Var
 from cuvil.ir.simplify import simplify
 from cuvil.ir.stmt import Allocate, Buffer, LoweredFunc, Stmt
 from cuvil.schedule.astgen import ast_to_loops, generate_ast
-from cuvil.schedule.model import PolyModel, build_model
+from cuvil.schedule.model import PolyModel, build_model, isl_budget
 from cuvil.schedule.schedule import Schedule
 from cuvil.te.tensor import ComputeOp, PlaceholderOp, Tensor
 
@@ -90,8 +90,9 @@ def lower(s: Schedule, args: Sequence[Any], name: str = "main") -> LoweredFunc:
     if not isinstance(s, Schedule):
         raise ArgumentError(f"cuvil.lower needs a schedule (te.create_schedule(...)), got {type(s).__name__}")
     plan = _plan_args(s, args)
-    model = build_model(s)
-    size_vars = _size_vars(model, plan)
+    with isl_budget(f"lowering {name}"):
+        model = build_model(s)
+        size_vars = _size_vars(model, plan)
     buffers: dict[int, Buffer] = {}
 
     def buffer_of(t: Tensor) -> Buffer:
@@ -100,8 +101,9 @@ def lower(s: Schedule, args: Sequence[Any], name: str = "main") -> LoweredFunc:
         return buffers[id(t)]
 
     params = tuple(buffer_of(p) if isinstance(p, Tensor) else p for p in plan.params)
-    ast = generate_ast(model, model.original_schedule)
-    body: Stmt = ast_to_loops(model, ast, buffer_of)
+    with isl_budget(f"lowering {name}"):
+        ast = generate_ast(model, model.original_schedule)
+        body: Stmt = ast_to_loops(model, ast, buffer_of)
     for t in reversed(plan.intermediates):
         body = Allocate(buffer_of(t), body)
     func = LoweredFunc(name, params, body, size_vars, tuple(buffer_of(t) for t in plan.outputs))
