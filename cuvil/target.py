@@ -83,13 +83,13 @@ class Target:
             self.triple, self.cpu, self.features, self.is_host = "nvptx64-nvidia-cuda", self.arch, "", False
             self.num_cores = 1
         else:
-            host_triple = _llvm().get_process_triple()
+            host_triple = llvm_binding().get_process_triple()
             self.triple = opts.get("mtriple", host_triple)
             self.is_host = _same_machine(self.triple, host_triple)
             host_cpu = self.is_host and "mcpu" not in opts and "mattr" not in opts
             if host_cpu:
-                self.cpu = _llvm().get_host_cpu_name()
-                self.features = _llvm().get_host_cpu_features().flatten()
+                self.cpu = llvm_binding().get_host_cpu_name()
+                self.features = llvm_binding().get_host_cpu_features().flatten()
             else:
                 self.cpu = opts.get("mcpu", "generic")
                 self.features = _parse_mattr(opts.get("mattr", ""), spec)
@@ -138,15 +138,15 @@ class Target:
         return (Target, (self.canonical,))
 
 
-def _llvm() -> Any:
+def llvm_binding() -> Any:
     import llvmlite.binding as llvm
 
-    if not getattr(_llvm, "done", False):
+    if not getattr(llvm_binding, "done", False):
         llvm.initialize_all_targets()
         llvm.initialize_all_asmprinters()
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
-        _llvm.done = True  # type: ignore[attr-defined]
+        llvm_binding.done = True  # type: ignore[attr-defined]
     return llvm
 
 
@@ -165,7 +165,7 @@ def _parse_mattr(mattr: str, spec: str) -> str:
 
 def _check_llvm_target(triple: str, spec: str) -> None:
     try:
-        _llvm().Target.from_triple(triple)
+        llvm_binding().Target.from_triple(triple)
     except RuntimeError as exc:
         raise TargetError(f"LLVM has no backend for triple {triple!r} (from {spec!r}): {exc}") from None
 

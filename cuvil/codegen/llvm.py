@@ -27,11 +27,11 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from cuvil import dtype as dt
-from cuvil.codegen.llvm_expr import I8, I32, I64, PTR, ExprEmitter, InternalError, mem_type, reg_type
+from cuvil.codegen.llvm_expr import I32, I64, PTR, ExprEmitter, InternalError, mem_type, reg_type
 from cuvil.errors import TargetError, UnsupportedOpError
 from cuvil.ir.expr import Const, Expr, Var
 from cuvil.ir.stmt import Allocate, Block, Buffer, For, If, LetStmt, LoweredFunc, Stmt, Store
-from cuvil.target import Target, _llvm
+from cuvil.target import Target, llvm_binding
 
 STACK_LIMIT = 64 * 1024  # Allocate buffers of constant size up to this many bytes live on the stack
 _LOOP_MD = {
@@ -78,7 +78,7 @@ class _FuncEmitter(ExprEmitter):
         f = self.func
         bufs = [p for p in f.params if isinstance(p, Buffer)]
         for p in f.params:
-            if isinstance(p, Var) and p not in f.size_vars:
+            if isinstance(p, Var) and not any(p is v for v in f.size_vars):
                 raise InternalError(f"internal error in LLVM codegen: Var param {p.name!r} is not in size_vars")
         body_ty = ir.FunctionType(I32, [PTR] * len(bufs) + [reg_type(v.dtype) for v in f.size_vars])
         body_fn = ir.Function(self.module, body_ty, f"{f.name}.body")
@@ -135,6 +135,9 @@ class _FuncEmitter(ExprEmitter):
             for x in s.stmts:
                 self.stmt(x)
         elif isinstance(s, Store):
+            if s.value.dtype != s.buffer.dtype:
+                raise InternalError(f"internal error in LLVM codegen: storing a {s.value.dtype} value into "
+                                    f"{s.buffer.name}: {s.buffer.dtype} needs a Cast")
             value = self.to_memory(self.expr(s.value), s.buffer.dtype)
             b.store(value, self.address(s.buffer, s.indices))
         elif isinstance(s, For):
@@ -215,16 +218,21 @@ class _FuncEmitter(ExprEmitter):
         if count is not None and count * dt.nbytes(buf.dtype) <= STACK_LIMIT:
             with b.goto_block(self.entry):
                 b.position_at_start(self.entry)
-                ptr = b.alloca(ir.ArrayType(elem, max(count, 1)), name=buf.name)
+                ptr = b.alloca(elem, size=ir.Constant(I64, max(count, 1)), name=buf.name)
                 ptr.align = 64
         else:
-            n = ir.Constant(I64, 1)
+            # bytes = prod(dims) * element size; a negative dim or an overflow fails like malloc
+            nbytes: ir.Value = ir.Constant(I64, dt.nbytes(buf.dtype))
+            bad: ir.Value = ir.Constant(ir.IntType(1), 0)
             for d in dims:
-                n = b.mul(n, d)
-            nbytes = b.mul(n, ir.Constant(I64, dt.nbytes(buf.dtype)))
+                prod = b.smul_with_overflow(nbytes, d)
+                nbytes = b.extract_value(prod, 0)
+                bad = b.or_(bad, b.or_(b.extract_value(prod, 1), b.icmp_signed("<", d, ir.Constant(I64, 0))))
             nbytes = b.select(b.icmp_signed(">", nbytes, ir.Constant(I64, 0)), nbytes, ir.Constant(I64, 1))
+            sized, ok = b.append_basic_block(f"{buf.name}.sized"), b.append_basic_block(f"{buf.name}.ok")
+            b.cbranch(bad, self.fail_bb, sized)
+            b.position_at_end(sized)
             ptr = heap = b.call(self.libc("malloc", PTR, [I64]), [nbytes], name=buf.name)
-            ok = b.append_basic_block(f"{buf.name}.ok")
             b.cbranch(b.icmp_unsigned("==", ptr, ir.Constant(PTR, None)), self.fail_bb, ok)
             b.position_at_end(ok)
         self.buffers[buf] = (ptr, dims)
@@ -261,7 +269,7 @@ def target_machine(target: Target | str, reloc: str = "default") -> llvm.TargetM
     target = Target(target)
     key = (target.canonical, reloc)
     if key not in _MACHINES:
-        lt = _llvm().Target.from_triple(target.triple)
+        lt = llvm_binding().Target.from_triple(target.triple)
         _MACHINES[key] = lt.create_target_machine(
             cpu=target.cpu, features=target.features, opt=3, reloc=reloc, codemodel="jitdefault" if
             reloc == "default" else "default")
@@ -270,7 +278,7 @@ def target_machine(target: Target | str, reloc: str = "default") -> llvm.TargetM
 
 def optimize(ir_text: str, target: Target | str, reloc: str = "default") -> llvm.ModuleRef:
     """Parse and verify ``ir_text``, then run LLVM's O3 pipeline for ``target``."""
-    _llvm()
+    llvm_binding()
     mod = llvm.parse_assembly(ir_text)
     mod.verify()
     tm = target_machine(target, reloc)
@@ -303,5 +311,5 @@ def add_string_constant(ir_text: str, symbol: str, value: str) -> str:
     )
 
 
-__all__ = ["I8", "STACK_LIMIT", "add_string_constant", "assembly", "codegen_llvm", "object_code", "optimize",
-           "target_machine"]
+__all__ = ["STACK_LIMIT", "InternalError", "add_string_constant", "assembly", "codegen_llvm", "object_code",
+           "optimize", "target_machine"]

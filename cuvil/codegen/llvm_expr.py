@@ -106,6 +106,9 @@ class ExprEmitter:
         if isinstance(e, Select):
             return self.select(e)
         if isinstance(e, Load):
+            if e.dtype != e.buffer.dtype:
+                raise InternalError(f"internal error in LLVM codegen: {e} has dtype {e.dtype}, "
+                                    f"its buffer {e.buffer.dtype}")
             return self.load(e.buffer, e.indices)
         if isinstance(e, (TensorRead, Reduce)):
             raise InternalError(
@@ -188,12 +191,27 @@ class ExprEmitter:
             return b.uitofp(v, tt) if _unsigned(src) else b.sitofp(v, tt)
         # integer destination
         if dt.is_float(src):
-            return b.fptoui(v, tt) if _unsigned(dst) else b.fptosi(v, tt)
+            return self.float_to_int(v, dst)
         if st.width == tt.width:
             return v
         if st.width > tt.width:
             return b.trunc(v, tt)
         return b.zext(v, tt) if _unsigned(src) else b.sext(v, tt)
+
+    def float_to_int(self, v: ir.Value, dst: str) -> ir.Value:
+        """float -> integer by truncation, wrapping like numpy's C casts on x86 for negative -> unsigned.
+
+        Out-of-range values (beyond the 32/64-bit conversion used) give an unspecified result.
+        """
+        b = self.builder
+        tt = reg_type(dst)
+        if dst == "uint64":  # negative values wrap (numpy: -1.0 -> 2**64 - 1)
+            neg = b.fcmp_ordered("<", v, ir.Constant(v.type, 0.0))
+            return b.select(neg, b.fptosi(v, I64), b.fptoui(v, I64))
+        if tt.width >= 32 and dt.is_signed(dst):
+            return b.fptosi(v, tt)
+        wide = I64 if dst == "uint32" else I32  # convert in a wider signed type, then wrap
+        return b.trunc(b.fptosi(v, wide), tt)
 
     # -- binary operators -------------------------------------------------------
     def binary(self, op: str, a: ir.Value, b_: ir.Value, dtype: str) -> ir.Value:
@@ -336,7 +354,7 @@ class ExprEmitter:
             return b.select(cond, self.expr(e.t), self.expr(e.f))
         # evaluate only the chosen side: the other may index out of bounds (padding)
         fn = b.function
-        then_bb, else_bb, merge_bb = fn.append_basic_block("sel.t"), fn.append_basic_block("sel.f"), None
+        then_bb, else_bb = fn.append_basic_block("sel.t"), fn.append_basic_block("sel.f")
         merge_bb = fn.append_basic_block("sel.end")
         b.cbranch(cond, then_bb, else_bb)
         b.position_at_end(then_bb)
