@@ -25,8 +25,11 @@ from cuvil.ir.expr import IterVar, Var
 from cuvil.ir.simplify import simplify
 from cuvil.ir.stmt import Allocate, Buffer, LoweredFunc, Stmt
 from cuvil.schedule.astgen import ast_to_loops, generate_ast
+from cuvil.schedule.legality import check_program
 from cuvil.schedule.model import PolyModel, build_model, isl_budget
-from cuvil.schedule.schedule import Schedule
+from cuvil.schedule.schedule import Schedule, Stage
+from cuvil.schedule.storage import plan_storage
+from cuvil.schedule.timemap import build_time_maps
 from cuvil.te.tensor import ComputeOp, PlaceholderOp, Tensor
 
 
@@ -35,8 +38,8 @@ class ArgPlan:
     """The build arguments sorted out: what is passed, what is written, what is internal."""
 
     params: tuple[Tensor | Var, ...]
-    outputs: tuple[Tensor, ...]
-    intermediates: tuple[Tensor, ...]
+    outputs: tuple[Stage, ...]
+    intermediates: tuple[Stage, ...]
 
 
 def _plan_args(sched: Schedule, args: Sequence[Any]) -> ArgPlan:
@@ -49,13 +52,18 @@ def _plan_args(sched: Schedule, args: Sequence[Any]) -> ArgPlan:
         if id(a) in seen:
             raise ArgumentError(f"argument {pos} ({a.name}) appears twice in the argument list")
         seen.add(id(a))
-    computed = [st.op.output(0) for st in sched.compute_stages]
     outputs = []
     for pos, a in enumerate(args):
         if isinstance(a, Tensor) and isinstance(a.op, ComputeOp):
-            if a not in sched:
+            st = sched.stage_of(a)
+            if st is None:
                 raise ArgumentError(f"argument {pos} ({a.name}) is computed but is not part of this schedule")
-            outputs.append(a)
+            if st.attach == "inline":
+                raise ArgumentError(
+                    f"argument {pos} ({a.name}) is an output but its stage was inlined (compute_inline); "
+                    f"call s[{a.name}].compute_root() or leave it out of the arguments"
+                )
+            outputs.append(st)
     if not outputs:
         raise ArgumentError("none of the arguments is a computed tensor: add the output tensor(s) to the arguments")
     for st in sched.stages:
@@ -65,7 +73,7 @@ def _plan_args(sched: Schedule, args: Sequence[Any]) -> ArgPlan:
             raise ArgumentError(
                 f"placeholder {st.op.name} is read by {', '.join(readers)} but is not in the arguments"
             )
-    inter = tuple(t for t in computed if id(t) not in seen)
+    inter = tuple(st for st in sched.compute_stages if st.attach != "inline" and all(st is not o for o in outputs))
     return ArgPlan(tuple(args), tuple(outputs), inter)
 
 
@@ -90,23 +98,32 @@ def lower(s: Schedule, args: Sequence[Any], name: str = "main") -> LoweredFunc:
     if not isinstance(s, Schedule):
         raise ArgumentError(f"cuvil.lower needs a schedule (te.create_schedule(...)), got {type(s).__name__}")
     plan = _plan_args(s, args)
+    # isl proves a scheduled program legal for these outputs (the te order is legal as it is)
+    tm = check_program(s, list(plan.outputs)) if s.trace else None
     with isl_budget(f"lowering {name}"):
         model = build_model(s)
         size_vars = _size_vars(model, plan)
     buffers: dict[int, Buffer] = {}
 
-    def buffer_of(t: Tensor) -> Buffer:
-        if id(t) not in buffers:
-            buffers[id(t)] = Buffer(t.name, t.shape, t.dtype)
-        return buffers[id(t)]
+    def buffer_of(t: Tensor | Stage) -> Buffer:
+        st = t if isinstance(t, Stage) else s.stage_of(t)
+        if st is None:  # an input no stage reads: still an argument
+            return buffers.setdefault(id(t), Buffer(t.name, t.shape, t.dtype))
+        if id(st) not in buffers:
+            out = st.op.output(0)
+            buffers[id(st)] = Buffer(st.name, out.shape, out.dtype, st.scope)
+        return buffers[id(st)]
 
     params = tuple(buffer_of(p) if isinstance(p, Tensor) else p for p in plan.params)
     with isl_budget(f"lowering {name}"):
-        ast = generate_ast(model, model.original_schedule)
-        body: Stmt = ast_to_loops(model, ast, buffer_of)
-    for t in reversed(plan.intermediates):
-        body = Allocate(buffer_of(t), body)
-    func = LoweredFunc(name, params, body, size_vars, tuple(buffer_of(t) for t in plan.outputs))
+        tm = tm if tm is not None else build_time_maps(model)
+        ast = generate_ast(model, tm.union())
+        storage = plan_storage(model, tm, list(plan.intermediates))
+        body: Stmt = ast_to_loops(model, tm, ast, buffer_of, storage)
+    for st in reversed(plan.intermediates):
+        if id(st) not in storage:
+            body = Allocate(buffer_of(st), body)
+    func = LoweredFunc(name, params, body, size_vars, tuple(buffer_of(st) for st in plan.outputs))
     return simplify(func)
 
 

@@ -11,15 +11,19 @@ over when every statement below it uses its iterator as that axis.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import islpy as isl
 
-from cuvil.errors import UnsupportedOpError
+from cuvil.errors import ScheduleError, UnsupportedOpError
 from cuvil.ir import expr as E
-from cuvil.ir.expr import Expr, TensorRead, Var
+from cuvil.ir.expr import Expr, IterVar, TensorRead, Var
 from cuvil.ir.functor import ExprMutator, substitute
-from cuvil.ir.stmt import Buffer, For, If, LetStmt, Stmt, Store, block
+from cuvil.ir.simplify import simplify_expr
+from cuvil.ir.stmt import Allocate, Buffer, For, If, LetStmt, Stmt, Store, block
 from cuvil.schedule.model import PolyModel, Statement
+from cuvil.schedule.storage import LocalStorage, aff_to_expr
+from cuvil.schedule.timemap import TimeMaps
 
 _OP = isl.ast_expr_op_type
 _NODE = isl.ast_node_type
@@ -32,25 +36,37 @@ def generate_ast(model: PolyModel, schedule: isl.UnionMap) -> isl.AstNode:
 
 
 class _Reads(ExprMutator):
-    """TensorRead -> Load on the tensor's buffer."""
+    """TensorRead -> Load on the tensor's buffer (or its local buffer inside its attach loop)."""
 
-    def __init__(self, buffers: Callable[[object], Buffer]):
-        self.buffers = buffers
+    def __init__(self, access: Callable[[object, tuple[Expr, ...]], tuple[Buffer, tuple[Expr, ...]]]):
+        self.access = access
 
     def visit_TensorRead(self, e: TensorRead) -> Expr:
-        idx = tuple(self.visit(i) for i in e.indices)
-        return E.Load(e.dtype, self.buffers(e.tensor), idx)
+        buf, idx = self.access(e.tensor, tuple(self.visit(i) for i in e.indices))
+        return E.Load(e.dtype, buf, idx)
 
 
 class AstLowering:
     """Converts one isl AST into loop IR."""
 
-    def __init__(self, model: PolyModel, buffer_of: Callable[[object], Buffer]):
+    def __init__(self, model: PolyModel, tm: TimeMaps, buffer_of: Callable[[object], Buffer],
+                 storage: dict[int, LocalStorage] | None = None):
         self.model = model
+        self.tm = tm
+        self.in_parallel: str | None = None
         self.stmts = {s.name: s for s in model.statements}
         self.params = {model.param_name(p): p for p in model.params}
-        self.reads = _Reads(buffer_of)
+        self.reads = _Reads(self.access)
         self.buffer_of = buffer_of
+        self.storage = storage or {}
+        self.local: dict[int, tuple[Buffer, tuple[Expr, ...]]] = {}  # id(stage) -> (buffer, lower bounds)
+
+    def access(self, t: object, idx: tuple[Expr, ...]) -> tuple[Buffer, tuple[Expr, ...]]:
+        st = self.model.schedule.stage_of(t)
+        if st is not None and id(st) in self.local:
+            buf, lower = self.local[id(st)]
+            return buf, tuple(i - lo for i, lo in zip(idx, lower))
+        return self.buffer_of(t), idx
 
     # -- nodes ----------------------------------------------------------------
     def node(self, n: isl.AstNode, env: dict[str, Expr]) -> Stmt:
@@ -73,11 +89,27 @@ class AstLowering:
 
     def for_node(self, n: isl.AstNode, env: dict[str, Expr]) -> Stmt:
         it = n.for_get_iterator().get_id().get_name()
-        name = self._loop_name(n, it)
+        leaf, stage = self._loop_leaf(n, it)
+        name = leaf.name if leaf is not None else it
+        kind = stage.kinds.get(id(leaf), "serial") if leaf is not None else "serial"
         init = self.expr(n.for_get_init(), env)
         if n.for_is_degenerate():
             v = Var("int64", name)
-            return LetStmt(v, init, self.node(n.for_get_body(), {**env, it: v}))
+            return LetStmt(v, init, self.body(n, {**env, it: v}, it))
+        if kind != "parallel":
+            return self._for(n, env, it, name, kind, init)
+        if self.in_parallel is not None:
+            raise ScheduleError(
+                f"loop {name} of {stage.name} is parallel inside the parallel loop {self.in_parallel}; "
+                "a parallel loop may not contain another"
+            )
+        self.in_parallel = name
+        try:
+            return self._for(n, env, it, name, kind, init)
+        finally:
+            self.in_parallel = None
+
+    def _for(self, n: isl.AstNode, env: dict[str, Expr], it: str, name: str, kind: str, init: Expr) -> Stmt:
         cond = n.for_get_cond()
         inc = n.for_get_inc().get_val().to_python()
         op = cond.get_op_type()
@@ -86,26 +118,53 @@ class AstLowering:
             raise UnsupportedOpError(f"unexpected loop condition from isl: {cond.to_C_str()}")
         ub = self.expr(cond.get_op_arg(1), env)
         count = ub - init + (1 if op == _OP.le else 0)
+        v = Var("int64", name)
         if inc == 1:
-            v = Var("int64", name)
-            return For(v, init, count, self.node(n.for_get_body(), {**env, it: v}))
+            return For(v, init, count, self.body(n, {**env, it: v}, it), kind)
         # strided loop: run a dense counter and bind the iterator
         t = Var("int64", name + "_t")
-        v = Var("int64", name)
         trips = (count + (inc - 1)) // inc
-        body = LetStmt(v, init + t * inc, self.node(n.for_get_body(), {**env, it: v}))
-        return For(t, E.const(0, "int64"), trips, body)
+        return For(t, E.const(0, "int64"), trips, LetStmt(v, init + t * inc, self.body(n, {**env, it: v}, it)), kind)
 
-    def _loop_name(self, n: isl.AstNode, it: str) -> str:
-        """The te axis name the iterator stands for in every statement below, else the isl name."""
-        found: set[str] = set()
+    def body(self, n: isl.AstNode, env: dict[str, Expr], it: str) -> Stmt:
+        """The loop body; stages stored per iteration of this loop get their local buffers here."""
+        d = int(it[1:])
+        here = [ls for ls in self.storage.values() if ls.dim == d and self._below(n, ls.stage)]
+        if not here:
+            return self.node(n.for_get_body(), env)
+        saved = dict(self.local)
+        bufs = []
+        for ls in here:
+            dims = [env[f"c{k}"] if f"c{k}" in env else E.const(ls.fixed.get(k, 0), "int64") for k in range(d + 1)]
+            lower = tuple(simplify_expr(aff_to_expr(a, dims, self.params)) for a in ls.lower)
+            out = ls.stage.op.output(0)
+            buf = Buffer(ls.stage.name, tuple(E.const(x, "int64") for x in ls.shape), out.dtype, "local")
+            self.local[id(ls.stage)] = (buf, lower)
+            bufs.append(buf)
+        try:
+            inner = self.node(n.for_get_body(), env)
+        finally:
+            self.local = saved
+        for buf in reversed(bufs):
+            inner = Allocate(buf, inner)
+        return inner
+
+    def _below(self, n: isl.AstNode, stage: Any) -> bool:
+        return any(self.stmts[c.get_op_arg(0).get_id().get_name()].stage is stage
+                   for c in _user_calls(n.for_get_body()))
+
+    def _loop_leaf(self, n: isl.AstNode, it: str) -> tuple[IterVar | None, Any]:
+        """The stage loop that isl's loop over time dimension ``c<d>`` runs (None if ambiguous)."""
+        d = int(it[1:])
+        found: dict[int, IterVar] = {}
         for call in _user_calls(n.for_get_body()):
-            stmt = self.stmts[call.get_op_arg(0).get_id().get_name()]
-            for d in range(1, call.get_op_n_arg()):
-                a = call.get_op_arg(d)
-                if a.get_type() == isl.ast_expr_type.id and a.get_id().get_name() == it:
-                    found.add(stmt.iters[d - 1].name)
-        return found.pop() if len(found) == 1 else it
+            leaf = self.tm.dim_leaf[call.get_op_arg(0).get_id().get_name()][d]
+            if leaf is not None:
+                found[id(leaf)] = leaf
+        if len(found) != 1:
+            return None, None
+        leaf = next(iter(found.values()))
+        return leaf, self.tm.leaf_stage[id(leaf)]
 
     def user(self, call: isl.AstExpr, env: dict[str, Expr]) -> Stmt:
         stmt: Statement = self.stmts[call.get_op_arg(0).get_id().get_name()]
@@ -113,7 +172,8 @@ class AstLowering:
         mapping = dict(zip(stmt.iters, args))
         value = self.reads.visit(substitute(stmt.value, mapping))
         idx = tuple(self.reads.visit(substitute(i, mapping)) for i in stmt.indices)
-        out: Stmt = Store(self.buffer_of(stmt.tensor), idx, value)
+        buf, idx = self.access(stmt.op.output(0), idx)
+        out: Stmt = Store(buf, idx, value)
         if stmt.guard is not None:
             out = If(self.reads.visit(substitute(stmt.guard, mapping)), out)
         return out
@@ -188,5 +248,6 @@ def _user_calls(n: isl.AstNode) -> list[isl.AstExpr]:
     return out
 
 
-def ast_to_loops(model: PolyModel, ast: isl.AstNode, buffer_of: Callable[[object], Buffer]) -> Stmt:
-    return AstLowering(model, buffer_of).node(ast, {})
+def ast_to_loops(model: PolyModel, tm: TimeMaps, ast: isl.AstNode, buffer_of: Callable[[object], Buffer],
+                 storage: dict[int, LocalStorage] | None = None) -> Stmt:
+    return AstLowering(model, tm, buffer_of, storage).node(ast, {})

@@ -24,12 +24,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import islpy as isl
 
 from cuvil.errors import CuvilError, ShapeError, UnsupportedOpError
 from cuvil.ir.expr import Binary, Cast, Const, Expr, IterVar, TensorRead, Unary, Var
-from cuvil.ir.functor import substitute, walk
+from cuvil.ir.functor import ExprMutator, substitute, walk
 from cuvil.schedule.schedule import Schedule
 from cuvil.te.tensor import ComputeOp, Tensor
 
@@ -42,18 +43,20 @@ class Statement:
     """One isl statement: ``tensor[indices] = value`` (if ``guard``) for each point of ``domain``."""
 
     name: str
-    stage: int
+    stage: Any  # cuvil.schedule.schedule.Stage
     kind: str  # "compute", "init" or "update"
-    op: ComputeOp
     iters: tuple[IterVar, ...]
     iter_names: tuple[str, ...]
     domain: isl.Set
-    tensor: Tensor
     indices: tuple[Expr, ...]
     value: Expr
     guard: Expr | None
     reads: isl.UnionMap
     writes: isl.UnionMap
+
+    @property
+    def op(self) -> ComputeOp:
+        return self.stage.op
 
     def __repr__(self) -> str:
         return f"Statement({self.name}: {self.domain})"
@@ -117,6 +120,20 @@ def isl_aff(e: Expr, names: dict[int, str]) -> str | None:
     return None
 
 
+class _Inline(ExprMutator):
+    """Reads of inlined stages -> the stage's body at those indices (recursively)."""
+
+    def __init__(self, sched: Schedule):
+        self.sched = sched
+
+    def visit_TensorRead(self, e: TensorRead) -> Expr:
+        idx = tuple(self.visit(i) for i in e.indices)
+        st = self.sched.stage_of(e.tensor)
+        if st is not None and st.attach == "inline":
+            return self.visit(substitute(st.op.body, dict(zip(st.op.axis, idx))))
+        return e if all(a is b for a, b in zip(idx, e.indices)) else TensorRead(e.dtype, e.tensor, idx)
+
+
 class PolyModel:
     """Statements, parameters and the original (te-order) schedule of a program."""
 
@@ -127,9 +144,11 @@ class PolyModel:
         self.params: list[Var] = []
         self._param_names: dict[int, str] = {}
         self._collect_params()
+        self.inline = _Inline(sched)
         self.statements: list[Statement] = []
-        for st in sched.compute_stages:
-            self.statements.extend(self._stage_statements(st.index, st.op))
+        for pos, st in enumerate(sched.stages):
+            if not st.is_placeholder and st.attach != "inline":
+                self.statements.extend(self._stage_statements(pos, st))
 
     # -- parameters ---------------------------------------------------------
     def _collect_params(self) -> None:
@@ -162,32 +181,44 @@ class PolyModel:
     def param_name(self, v: Var) -> str:
         return self._param_names[id(v)]
 
+    @property
+    def param_names(self) -> dict[int, str]:
+        return self._param_names
+
     @cached_property
     def context(self) -> isl.Set:
         cons = " and ".join(f"{self._param_names[id(p)]} >= 0" for p in self.params)
         return isl.Set(f"{self.param_str} -> {{ : {cons or '0 = 0'} }}")
 
     def tensor_name(self, t: Tensor) -> str:
-        if id(t) not in self.tensor_names:
-            self.tensor_names[id(t)] = self.names.fresh(t.name)
-        return self.tensor_names[id(t)]
+        """The isl name of a tensor: one per stage (a cache or replaced op keeps its stage's name)."""
+        st = self.schedule.stage_of(t)
+        key = id(st) if st is not None else id(t)
+        if key not in self.tensor_names:
+            self.tensor_names[key] = self.names.fresh(st.name if st is not None else t.name)
+        return self.tensor_names[key]
 
     # -- statements ---------------------------------------------------------
-    def _stage_statements(self, stage: int, op: ComputeOp) -> list[Statement]:
+    def _stage_statements(self, pos: int, st: Any) -> list[Statement]:
+        op: ComputeOp = st.op
         out = op.output(0)
         body = op.body
+        store = tuple(getattr(op, "store_indices", op.axis))
         if op.reduce_axis:
-            acc = TensorRead(out.dtype, out, tuple(op.axis))
-            update = substitute(body.combined, {body.lhs: acc, body.rhs: body.source})
-            base = self.names.fresh(f"S{stage}_{op.name}")
+            acc = TensorRead(out.dtype, out, store)
+            update = substitute(body.combined, {body.lhs: acc, body.rhs: self.inline.visit(body.source)})
+            where = None if body.where is None else self.inline.visit(body.where)
+            base = self.names.fresh(f"S{pos}_{st.name}")
             return [
-                self._statement(f"{base}_init", stage, "init", op, op.axis, body.identity, None),
-                self._statement(f"{base}_update", stage, "update", op, op.axis + op.reduce_axis, update, body.where),
+                self._statement(f"{base}_init", st, "init", op.axis, store, body.identity, None),
+                self._statement(f"{base}_update", st, "update", op.axis + op.reduce_axis, store, update, where),
             ]
-        return [self._statement(self.names.fresh(f"S{stage}_{op.name}"), stage, "compute", op, op.axis, body, None)]
+        value = self.inline.visit(body)
+        return [self._statement(self.names.fresh(f"S{pos}_{st.name}"), st, "compute", op.axis, store, value, None)]
 
-    def _statement(self, name: str, stage: int, kind: str, op: ComputeOp, iters: tuple[IterVar, ...],
+    def _statement(self, name: str, st: Any, kind: str, iters: tuple[IterVar, ...], store: tuple[Expr, ...],
                    value: Expr, guard: Expr | None) -> Statement:
+        op = st.op
         local = Names()
         local.used = set(self.names.used)
         iter_names = tuple(local.fresh(a.name) for a in iters)
@@ -204,15 +235,13 @@ class PolyModel:
             cons.append(f"{lo} <= {n} < ({lo}) + ({ext})")
         space = f"{name}[{', '.join(iter_names)}]"
         domain = isl.Set(f"{self.param_str} -> {{ {space} : {' and '.join(cons) or '0 = 0'} }}")
-        out = op.output(0)
-        writes = self._access(space, domain, out, tuple(op.axis), names)
+        writes = self._access(space, domain, op.output(0), store, names)
         reads = isl.UnionMap.empty(domain.get_space().params())
         for root in (value,) + ((guard,) if guard is not None else ()):
             for n in walk(root):
                 if isinstance(n, TensorRead):
                     reads = reads.union(self._access(space, domain, n.tensor, n.indices, names))
-        return Statement(name, stage, kind, op, iters, iter_names, domain, out, tuple(op.axis),
-                         value, guard, reads, writes)
+        return Statement(name, st, kind, iters, iter_names, domain, store, value, guard, reads, writes)
 
     def _access(self, space: str, domain: isl.Set, t: Tensor, indices: tuple[Expr, ...],
                 names: dict[int, str]) -> isl.UnionMap:
@@ -266,8 +295,9 @@ class PolyModel:
         width = 1 + max((len(s.op.axis) + (1 + len(s.op.reduce_axis) if s.op.reduce_axis else 0)
                          for s in self.statements), default=0)
         result = isl.UnionMap.empty(self.context.get_space())
+        pos = {id(st): k for k, st in enumerate(self.schedule.stages)}
         for s in self.statements:
-            dims = [str(s.stage)] + list(s.iter_names[: len(s.op.axis)])
+            dims = [str(pos[id(s.stage)])] + list(s.iter_names[: len(s.op.axis)])
             if s.kind == "init":
                 dims.append("0")
             elif s.kind == "update":

@@ -1,34 +1,337 @@
-"""Schedules: the stages of a te program in producer order.
+"""Schedules: stages in producer order, and the primitives that reorder their loops.
 
 ``te.create_schedule(outputs)`` walks the operation graph from the outputs
-and makes one :class:`Stage` per operation, producers first.  The default
-schedule computes every stage at the root, in that order, with its loops in
-te order.  ``s[T]`` (a tensor or its op) gives the stage.
+and makes one :class:`Stage` per operation, producers first.  By default
+every stage is computed at the root, in that order, with its loops in te
+order.  ``s[T]`` (a tensor or its op) gives the stage; its primitives
+(``split``, ``tile``, ``reorder``, ``fuse``, ``vectorize``, ``parallel``,
+``unroll``, ``compute_at``, ``compute_inline``, ``compute_root``, ``rfactor``)
+and the schedule's (``cache_read``, ``cache_write``) are each checked by isl
+before they are accepted (see :mod:`cuvil.schedule.legality`), and each one
+appends a step to ``s.trace``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from cuvil.errors import ScheduleError
+from cuvil.errors import CuvilError, ScheduleError
+from cuvil.ir import expr as E
+from cuvil.ir.expr import IterVar
+from cuvil.schedule.axes import Fuse, Relation, Split, const_int, derived
+from cuvil.schedule.trace import Step
 from cuvil.te.tensor import ComputeOp, Operation, PlaceholderOp, Tensor
+
+LOOP_ANNOTATIONS = ("parallel", "vectorize", "unroll")
 
 
 class Stage:
-    """One operation of a schedule."""
+    """One operation of a schedule, with its loop structure and placement."""
 
-    def __init__(self, op: Operation, index: int):
+    def __init__(self, sched: Schedule, op: Operation):
+        self.sched = sched
         self.op = op
         self.origin_op = op
-        self.index = index
+        self.scope = "global"
+        self.attach = "root"  # "root" | "inline" | "at"
+        self.attach_stage: Stage | None = None
+        self.attach_axis: IterVar | None = None
+        self.reset_loops()
+
+    def reset_loops(self) -> None:
+        op = self.op
+        roots = (op.axis + op.reduce_axis) if isinstance(op, ComputeOp) else ()
+        self.roots: tuple[IterVar, ...] = roots
+        self.leaves: list[IterVar] = list(roots)
+        self.relations: list[Relation] = []
+        self.kinds: dict[int, str] = {}
+
+    @property
+    def name(self) -> str:
+        return self.origin_op.name
 
     @property
     def is_placeholder(self) -> bool:
         return isinstance(self.op, PlaceholderOp)
 
+    @property
+    def all_axes(self) -> list[IterVar]:
+        out = list(self.roots)
+        for r in self.relations:
+            out.extend((r.outer, r.inner) if isinstance(r, Split) else (r.fused,))
+        return out
+
     def __repr__(self) -> str:
-        return f"Stage({self.op.name})"
+        return f"Stage({self.name})"
+
+    # -- helpers ----------------------------------------------------------------
+    def _leaf(self, axis: Any, what: str) -> IterVar:
+        if isinstance(axis, str):
+            axis = self.axis_by_name(axis)
+        if not isinstance(axis, IterVar):
+            raise ScheduleError(f"{self.name}.{what}: expected a loop axis of stage {self.name}, got {axis!r}")
+        if any(axis is a for a in self.leaves):
+            return axis
+        for st in self.sched.stages:
+            if st is not self and any(axis is a for a in st.all_axes):
+                raise ScheduleError(
+                    f"{self.name}.{what}: axis {axis.name} belongs to stage {st.name}, not {self.name}; "
+                    f"use s[{st.name}].{what}(...)"
+                )
+        if any(axis is a for a in self.all_axes):
+            raise ScheduleError(
+                f"{self.name}.{what}: axis {axis.name} was already split or fused; "
+                f"the current loops are {[a.name for a in self.leaves]}"
+            )
+        raise ScheduleError(f"{self.name}.{what}: {axis.name} is not a loop of stage {self.name}")
+
+    def axis_by_name(self, name: str) -> IterVar:
+        for a in self.all_axes:
+            if a.name == name:
+                return a
+        raise ScheduleError(f"stage {self.name} has no axis named {name!r}; its loops are "
+                            f"{[a.name for a in self.leaves]}")
+
+    def _fresh(self, name: str) -> str:
+        names = {a.name for a in self.all_axes}
+        n, i = name, 0
+        while n in names:
+            i += 1
+            n = f"{name}{i}"
+        return n
+
+    def _compute(self, what: str) -> None:
+        if not isinstance(self.op, ComputeOp):
+            raise ScheduleError(f"{what}: {self.name} is a placeholder; only computed stages have loops")
+
+    # -- loop primitives ----------------------------------------------------------
+    def split(self, parent: IterVar, factor: int | None = None, nparts: int | None = None) -> tuple[IterVar, IterVar]:
+        """Split a loop in two: ``outer`` over tiles, ``inner`` within a tile.
+
+        Before, after ``s[C].split(i, factor=8)`` (a tail is guarded by isl when 8 does not divide M)::
+
+            for (i = 0; i < M; i++)             for (i.outer = 0; i.outer < (M + 7) // 8; i.outer++)
+              C[i] = ...                          for (i.inner = 0; i.inner < min(8, M - 8 * i.outer); i.inner++)
+                                                    C[i.outer * 8 + i.inner] = ...
+        """
+        self._compute("split")
+        p = self._leaf(parent, "split")
+        if (factor is None) == (nparts is None):
+            raise ScheduleError(f"{self.name}.split({p.name}): give exactly one of factor= and nparts=")
+        n = factor if factor is not None else nparts
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise ScheduleError(f"{self.name}.split({p.name}): the factor must be a positive int, got {n!r}")
+        if nparts is not None:
+            ext = const_int(p.extent)
+            if ext is None:
+                raise ScheduleError(
+                    f"{self.name}.split({p.name}, nparts={nparts}): nparts needs a constant extent, "
+                    f"{p.name} has extent {p.extent}; use factor="
+                )
+            factor = -(-ext // nparts)
+        step = Step("split", self.name, (p.name, factor))
+        out: list[IterVar] = []
+
+        def do() -> None:
+            outer = derived(self._fresh(p.name + ".outer"), (p.extent + (factor - 1)) // factor, p.kind)
+            inner = derived(self._fresh(p.name + ".inner"), E.const(factor, "int64"), p.kind)
+            self.relations.append(Split(p, outer, inner, inner.extent))
+            pos = next(k for k, a in enumerate(self.leaves) if a is p)
+            self.leaves[pos:pos + 1] = [outer, inner]
+            self.kinds.pop(id(p), None)
+            out.extend((outer, inner))
+
+        self.sched.apply(step, do)
+        return out[0], out[1]
+
+    def tile(self, x_parent: IterVar, y_parent: IterVar, x_factor: int, y_factor: int
+             ) -> tuple[IterVar, IterVar, IterVar, IterVar]:
+        """Split two loops and order them ``x.outer, y.outer, x.inner, y.inner``.
+
+        Before, after ``s[C].tile(i, j, 4, 64)``::
+
+            for (i ...)                    for (i.outer ...)
+              for (j ...)                    for (j.outer ...)
+                C[i, j] = ...                  for (i.inner < 4 ...)
+                                                 for (j.inner < 64 ...)
+                                                   C[i.outer * 4 + i.inner, j.outer * 64 + j.inner] = ...
+        """
+        xo, xi = self.split(x_parent, factor=x_factor)
+        yo, yi = self.split(y_parent, factor=y_factor)
+        self.reorder(xo, yo, xi, yi)
+        return xo, yo, xi, yi
+
+    def reorder(self, *axes: IterVar) -> None:
+        """Put the given loops, in the given order, at the positions they occupy now.
+
+        Before, after ``s[C].reorder(k, i)`` on the nest ``i, j, k``::
+
+            for (i) for (j) for (k) ...        for (k) for (j) for (i) ...
+        """
+        self._compute("reorder")
+        if len(axes) == 1 and isinstance(axes[0], (list, tuple)):
+            axes = tuple(axes[0])
+        leaves = [self._leaf(a, "reorder") for a in axes]
+        if len({id(a) for a in leaves}) != len(leaves):
+            raise ScheduleError(f"{self.name}.reorder: an axis is repeated in {[a.name for a in leaves]}")
+        step = Step("reorder", self.name, tuple(a.name for a in leaves))
+
+        def do() -> None:
+            positions = sorted(k for k, a in enumerate(self.leaves) if any(a is b for b in leaves))
+            for pos, a in zip(positions, leaves):
+                self.leaves[pos] = a
+
+        self.sched.apply(step, do)
+
+    def fuse(self, outer: IterVar, inner: IterVar) -> IterVar:
+        """Fuse two adjacent loops (outer first) into one.
+
+        Before, after ``s[C].fuse(i, j)`` (j's extent must be a constant)::
+
+            for (i < 4) for (j < 8)            for (i.j.fused < 32)
+              C[i, j] = ...                      C[i.j.fused // 8, i.j.fused % 8] = ...
+        """
+        self._compute("fuse")
+        o, i = self._leaf(outer, "fuse"), self._leaf(inner, "fuse")
+        po = next(k for k, a in enumerate(self.leaves) if a is o)
+        pi = next(k for k, a in enumerate(self.leaves) if a is i)
+        if pi != po + 1:
+            raise ScheduleError(
+                f"{self.name}.fuse({o.name}, {i.name}): the loops must be adjacent, outer first; "
+                f"the loop order is {[a.name for a in self.leaves]}"
+            )
+        if const_int(i.extent) is None:
+            raise ScheduleError(
+                f"{self.name}.fuse({o.name}, {i.name}): the inner loop needs a constant extent "
+                f"({i.name} has extent {i.extent}) so the fused index stays affine"
+            )
+        step = Step("fuse", self.name, (o.name, i.name))
+        out: list[IterVar] = []
+
+        def do() -> None:
+            kind = "reduce" if "reduce" in (o.kind, i.kind) else "data"
+            fused = derived(self._fresh(f"{o.name}.{i.name}.fused"), o.extent * i.extent, kind)
+            self.relations.append(Fuse(o, i, fused))
+            self.leaves[po:pi + 1] = [fused]
+            self.kinds.pop(id(o), None)
+            self.kinds.pop(id(i), None)
+            out.append(fused)
+
+        self.sched.apply(step, do)
+        return out[0]
+
+    def _annotate(self, axis: IterVar, kind: str) -> None:
+        self._compute(kind)
+        a = self._leaf(axis, kind)
+        if kind in ("vectorize", "unroll") and const_int(a.extent) is None:
+            raise ScheduleError(
+                f"{self.name}.{kind}({a.name}): the loop needs a constant extent, it has {a.extent}; "
+                f"split it first, e.g. s[{self.name}].split({a.name}, factor=8)"
+            )
+        if kind == "parallel":
+            others = [b.name for b in self.leaves if self.kinds.get(id(b)) == "parallel" and b is not a]
+            if others:
+                raise ScheduleError(
+                    f"{self.name}.parallel({a.name}): {others[0]} is already parallel; a parallel loop may not "
+                    "contain or sit inside another (fuse them into one parallel loop instead)"
+                )
+        step = Step(kind, self.name, (a.name,))
+
+        def do() -> None:
+            self.kinds[id(a)] = kind
+
+        self.sched.apply(step, do)
+
+    def vectorize(self, axis: IterVar) -> None:
+        """Run the loop as SIMD lanes (explicit vector code); it must carry no dependence.
+
+        ``s[C].vectorize(j.inner)``: ``for (j.inner < 16) C[i, j] = A[i, j] + 1`` becomes one
+        16-lane vector load, add and store.
+        """
+        self._annotate(axis, "vectorize")
+
+    def parallel(self, axis: IterVar) -> None:
+        """Run the loop's iterations on native threads; it must carry no dependence.
+
+        ``s[C].parallel(i)``: ``for (i < M) ...`` becomes ``parallel for (i < M) ...``, its
+        iterations split in contiguous chunks among the threads.
+        """
+        self._annotate(axis, "parallel")
+
+    def unroll(self, axis: IterVar) -> None:
+        """Repeat the loop body once per iteration in the loop IR (constant extent).
+
+        ``for (i.inner < 2) S(i.inner)`` becomes ``S(0); S(1)``.
+        """
+        self._annotate(axis, "unroll")
+
+    # -- placement -----------------------------------------------------------------
+    def compute_at(self, parent: Stage, axis: IterVar) -> None:
+        """Compute this stage inside loop ``axis`` of its consumer ``parent``: exactly the region
+        that one iteration of ``axis`` reads (halos included), just before it is read.
+
+        Before, after ``s[B].compute_at(s[C], i)`` with ``C[i] = B[i] + B[i + 1]``::
+
+            for (i < 11) B[i] = A[i] * 2       for (i < 10) {
+            for (i < 10) C[i] = B[i] + B[i+1]    for (b < 2) B[b] = A[i + b] * 2   // B's region for this i
+                                                 C[i] = B[0] + B[1]
+                                               }
+        """
+        self._compute("compute_at")
+        if not isinstance(parent, Stage):
+            raise ScheduleError(f"{self.name}.compute_at: the first argument must be a stage, s[T]")
+        a = parent._leaf(axis, "compute_at")
+        if parent is self:
+            raise ScheduleError(f"{self.name}.compute_at: a stage cannot be computed inside itself")
+        if not any(t.op is self.op or t.op is self.origin_op for t in parent.op.input_tensors):
+            readers = [st.name for st in self.sched.stages if self.sched.reads(st, self)]
+            raise ScheduleError(
+                f"{self.name}.compute_at(s[{parent.name}], {a.name}): {parent.name} does not read {self.name}; "
+                f"it can be computed at a loop of a stage that reads it: {readers}"
+            )
+        step = Step("compute_at", self.name, (parent.name, a.name))
+
+        def do() -> None:
+            self.attach, self.attach_stage, self.attach_axis = "at", parent, a
+
+        self.sched.apply(step, do)
+
+    def compute_inline(self) -> None:
+        """Substitute this element-wise stage into every reader; it gets no loops of its own.
+
+        Before, after ``s[B].compute_inline()``::
+
+            for (i) B[i] = A[i] * 2            for (i) C[i] = A[i] * 2 + 1
+            for (i) C[i] = B[i] + 1
+        """
+        self._compute("compute_inline")
+        if self.op.reduce_axis:
+            raise ScheduleError(
+                f"{self.name}.compute_inline: {self.name} is a reduction and cannot be inlined; "
+                f"compute it at a loop of its reader with compute_at instead"
+            )
+        step = Step("compute_inline", self.name, ())
+
+        def do() -> None:
+            self.attach, self.attach_stage, self.attach_axis = "inline", None, None
+            self.kinds.clear()
+
+        self.sched.apply(step, do)
+
+    def compute_root(self) -> None:
+        """Undo compute_at / compute_inline: compute the whole stage at the root, in stage order."""
+        self._compute("compute_root")
+        step = Step("compute_root", self.name, ())
+
+        def do() -> None:
+            self.attach, self.attach_stage, self.attach_axis = "root", None, None
+
+        self.sched.apply(step, do)
+
+    def rfactor(self, axis: IterVar, factor_axis: int = 0) -> Tensor:
+        """TVM's rfactor on this stage; see :meth:`Schedule.rfactor`."""
+        return self.sched.rfactor(self.op.output(0), axis, factor_axis)
 
 
 def _as_op(x: Any, what: str) -> Operation:
@@ -40,7 +343,7 @@ def _as_op(x: Any, what: str) -> Operation:
 
 
 class Schedule:
-    """The stages of the program that computes ``outputs``."""
+    """The stages of the program that computes ``outputs``, and the trace of primitives applied."""
 
     def __init__(self, outputs: Tensor | Operation | Sequence[Tensor | Operation]):
         if not isinstance(outputs, (list, tuple)):
@@ -51,35 +354,110 @@ class Schedule:
         for o in self.outputs:
             if not isinstance(o, ComputeOp):
                 raise ScheduleError(f"create_schedule: output {o.name} is a placeholder, not a computed tensor")
-        self.stages: list[Stage] = []
-        self._by_op: dict[int, Stage] = {}
-        for op in _post_order(self.outputs):
-            st = Stage(op, len(self.stages))
-            self.stages.append(st)
-            self._by_op[id(op)] = st
+        self.stages: list[Stage] = [Stage(self, op) for op in _post_order(self.outputs)]
+        self.trace: list[Step] = []
+
+    # -- lookup -------------------------------------------------------------------------
+    def stage_of(self, x: Tensor | Operation | str) -> Stage | None:
+        if isinstance(x, str):
+            for st in self.stages:
+                if st.name == x:
+                    return st
+            return None
+        op = _as_op(x, "schedule[...]")
+        for st in self.stages:
+            if st.op is op or st.origin_op is op:
+                return st
+        return None
 
     def __getitem__(self, x: Tensor | Operation) -> Stage:
-        op = _as_op(x, "schedule[...]")
-        st = self._by_op.get(id(op))
+        st = self.stage_of(x)
         if st is None:
+            op = _as_op(x, "schedule[...]")
             raise ScheduleError(f"{op.name} is not part of this schedule (it does not feed its outputs)")
         return st
 
     def __contains__(self, x: Tensor | Operation) -> bool:
-        return id(_as_op(x, "in schedule")) in self._by_op
+        return self.stage_of(x) is not None
 
     @property
     def compute_stages(self) -> list[Stage]:
         return [s for s in self.stages if not s.is_placeholder]
 
+    def reads(self, reader: Stage, producer: Stage) -> bool:
+        return not reader.is_placeholder and any(
+            t.op is producer.op or t.op is producer.origin_op for t in reader.op.input_tensors
+        )
+
     def __repr__(self) -> str:
-        return "Schedule(" + ", ".join(s.op.name for s in self.stages) + ")"
+        return "Schedule(" + ", ".join(s.name for s in self.stages) + ")"
+
+    # -- applying primitives ---------------------------------------------------------------
+    def _snapshot(self) -> Any:
+        return (list(self.stages), [(st, st.op, st.scope, st.attach, st.attach_stage, st.attach_axis, st.roots,
+                                     list(st.leaves), list(st.relations), dict(st.kinds)) for st in self.stages])
+
+    def _restore(self, snap: Any) -> None:
+        stages, states = snap
+        self.stages = stages
+        for st, op, scope, attach, ast, aax, roots, leaves, rels, kinds in states:
+            st.op, st.scope, st.attach, st.attach_stage, st.attach_axis = op, scope, attach, ast, aax
+            st.roots, st.leaves, st.relations, st.kinds = roots, leaves, rels, kinds
+
+    def apply(self, step: Step, mutate: Callable[[], None]) -> None:
+        """Mutate the schedule, prove the result legal with isl, and record ``step``; undo on failure."""
+        from cuvil.schedule.legality import check_schedule
+
+        snap = self._snapshot()
+        try:
+            mutate()
+            check_schedule(self, step)
+        except CuvilError:
+            self._restore(snap)
+            raise
+        except Exception:
+            self._restore(snap)
+            raise
+        self.trace.append(step)
+
+    def apply_step(self, step: Step) -> None:
+        """Replay one recorded step (axes and stages looked up by name)."""
+        from cuvil.schedule.replay import apply_step
+
+        apply_step(self, step)
+
+    def dependences(self) -> str:
+        """The flow, anti and output dependences of the program, in isl notation."""
+        from cuvil.schedule.deps import compute_dependences
+        from cuvil.schedule.model import build_model, isl_budget
+
+        with isl_budget("dependences"):
+            return str(compute_dependences(build_model(self)))
+
+    # -- program transformations --------------------------------------------------------------
+    def cache_write(self, tensor: Tensor, scope: str) -> Tensor:
+        """Compute ``tensor`` into a new cache stage, then copy it out; see cuvil.schedule.cache."""
+        from cuvil.schedule.cache import cache_write
+
+        return cache_write(self, tensor, scope)
+
+    def cache_read(self, tensor: Tensor, scope: str, readers: Sequence[Any],
+                   layout: Callable[..., Any] | None = None) -> Tensor:
+        """Copy ``tensor`` (optionally into a new ``layout``) for ``readers``; see cuvil.schedule.cache."""
+        from cuvil.schedule.cache import cache_read
+
+        return cache_read(self, tensor, scope, readers, layout)
+
+    def rfactor(self, tensor: Tensor, axis: IterVar, factor_axis: int = 0) -> Tensor:
+        """Factor a reduction over ``axis`` into its own stage; see cuvil.schedule.cache."""
+        from cuvil.schedule.cache import rfactor
+
+        return rfactor(self, tensor, axis, factor_axis)
 
 
 def _post_order(outputs: Sequence[Operation]) -> list[Operation]:
     order: list[Operation] = []
     done: set[int] = set()
-    active: set[int] = set()
     for root in outputs:
         stack: list[tuple[Operation, bool]] = [(root, False)]
         while stack:
@@ -87,13 +465,9 @@ def _post_order(outputs: Sequence[Operation]) -> list[Operation]:
             if id(op) in done:
                 continue
             if expanded:
-                active.discard(id(op))
                 done.add(id(op))
                 order.append(op)
                 continue
-            if id(op) in active:
-                raise ScheduleError(f"the operation graph has a cycle through {op.name}")
-            active.add(id(op))
             stack.append((op, True))
             for t in reversed(op.input_tensors):
                 if id(t.op) not in done:

@@ -1,0 +1,187 @@
+"""Proving a schedule legal with isl.
+
+A schedule is legal when it computes the same values as the te order.  isl's
+dataflow analysis decides it exactly, recomputation (halos of compute_at)
+included:
+
+1. Every execution of a statement (an *event*: an instance at one of its
+   times) must read each element from the same writer instance as under the
+   te order, and read uninitialised memory (an input) only where the te order
+   does.
+2. The last write of every element of the schedule's outputs must be the
+   same instance as under the te order (a virtual ``END`` statement reads
+   them all after everything else).
+3. A parallel or vectorised loop carries no dependence (flow, anti or
+   output): no two events in different iterations of that loop, inside the
+   same iteration of every enclosing loop, touch one element with a write.
+
+A violation raises :class:`~cuvil.errors.ScheduleError` with the request, the
+broken dependence in isl notation, and what would be legal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import islpy as isl
+
+from cuvil.errors import ScheduleError
+from cuvil.schedule.model import PolyModel, build_model, isl_budget
+from cuvil.schedule.timemap import TimeMaps, build_time_maps
+
+
+def _union(maps: list[isl.UnionMap]) -> isl.UnionMap:
+    out = maps[0]
+    for m in maps[1:]:
+        out = out.union(m)
+    return out
+
+
+def _end_reads(model: PolyModel, live_out: list[Any]) -> isl.UnionMap | None:
+    """``{ END[] -> T[...] }`` for every element of every live-out tensor."""
+    parts = []
+    for st in live_out:
+        for s in model.statements:
+            if s.stage is st:
+                parts.append(isl.UnionMap.from_domain_and_range(
+                    isl.UnionSet(f"{model.param_str} -> {{ END[] }}"), s.writes.range()))
+    return _union(parts) if parts else None
+
+
+def _flow(sinks: isl.UnionMap, sources: isl.UnionMap, schedule: isl.UnionMap) -> isl.UnionFlow:
+    info = isl.UnionAccessInfo.from_sink(sinks).set_must_source(sources).set_schedule_map(schedule)
+    return info.compute_flow()
+
+
+class Reference:
+    """Dataflow of the program under the te order (for one version of the program)."""
+
+    def __init__(self, model: PolyModel, live_out: list[Any]):
+        sched = model.original_schedule
+        reads = model.reads
+        end = _end_reads(model, live_out)
+        width = _width(sched)
+        if end is not None:
+            reads = reads.union(end)
+            sched = sched.union(_end_time(model, width))
+        flow = _flow(reads, model.writes, sched)
+        self.full = flow.get_full_must_dependence().uncurry()  # { [src -> sink] -> element }
+        self.no_source = flow.get_may_no_source()  # { sink -> element }
+
+
+def _width(um: isl.UnionMap) -> int:
+    maps: list[isl.Map] = []
+    um.foreach_map(maps.append)
+    return max((m.dim(isl.dim_type.out) for m in maps), default=1)
+
+
+def _end_time(model: PolyModel, width: int) -> isl.UnionMap:
+    big = 1 + len(model.schedule.stages)
+    return isl.UnionMap(f"{model.param_str} -> {{ END[] -> [{', '.join([str(big)] + ['0'] * (width - 1))}] }}")
+
+
+def check_schedule(sched: Any, step: Any = None, live_out: list[Any] | None = None) -> TimeMaps:
+    """Prove the schedule legal (or raise ScheduleError); returns its time maps."""
+    what = str(step) if step is not None else "this schedule"
+    with isl_budget(f"checking {what}"):
+        model = build_model(sched)
+        tm = build_time_maps(model)
+        outs = live_out if live_out is not None else [sched[o] for o in sched.outputs]
+        ref = Reference(model, outs)
+        ev_reads, ev_writes, ev_sched, ev_inst = _events(model, tm)
+        end = _end_reads(model, outs)
+        if end is not None:
+            end_time = isl.Map.from_union_map(_end_time(model, tm.width))
+            end_dm = isl.UnionMap.from_map(end_time.domain_map())  # [END[] -> t] -> END[]
+            ev_reads = ev_reads.union(end_dm.apply_range(end))
+            ev_sched = ev_sched.union(isl.UnionMap.from_map(end_time.range_map()))
+            ev_inst = ev_inst.union(end_dm)
+        flow = _flow(ev_reads, ev_writes, ev_sched)
+        full = flow.get_full_must_dependence().uncurry().apply_domain(ev_inst.product(ev_inst))
+        wrong = full.subtract(ref.full)
+        if not wrong.is_empty():
+            raise ScheduleError(
+                f"{what} would change the results: under it some values would be read from the wrong "
+                f"write. Pairs [writer -> reader] -> element that the te order does not have:\n  "
+                f"{_short(wrong)}\nThe te order's dependences are in s.dependences(); keep each writer "
+                "before its readers (compute producers before the loop that reads them)."
+            )
+        missing = flow.get_may_no_source().apply_domain(ev_inst).subtract(ref.no_source)
+        if not missing.is_empty():
+            raise ScheduleError(
+                f"{what} would change the results: these reads would happen before the value is "
+                f"computed (reader -> element):\n  {_short(missing)}\n"
+                "Compute the producer before its readers (compute_at a loop that encloses the reads)."
+            )
+        _check_parallel(sched, model, tm, ev_reads, ev_writes, ev_sched, flow, what)
+        return tm
+
+
+def _events(model: PolyModel, tm: TimeMaps) -> tuple[isl.UnionMap, isl.UnionMap, isl.UnionMap, isl.UnionMap]:
+    """Accesses, schedule and instance of each event ``[S[i] -> t]``."""
+    reads, writes, sched, inst = [], [], [], []
+    for s in model.statements:
+        m = tm.maps[s.name]
+        dm = isl.UnionMap.from_map(m.domain_map())  # [S[i] -> t] -> S[i]
+        inst.append(dm)
+        reads.append(dm.apply_range(s.reads))
+        writes.append(dm.apply_range(s.writes))
+        sched.append(isl.UnionMap.from_map(m.range_map()))  # [S[i] -> t] -> t
+    return _union(reads), _union(writes), _union(sched), _union(inst)
+
+
+def _carried(width: int, d: int, params: str) -> isl.Map:
+    t = [f"t{k}" for k in range(width)]
+    u = [f"u{k}" for k in range(width)]
+    same = [f"{a} = {b}" for a, b in zip(t[:d], u[:d])]
+    cond = " and ".join(same + [f"{t[d]} != {u[d]}"])
+    return isl.Map(f"{params} -> {{ [{', '.join(t)}] -> [{', '.join(u)}] : {cond} }}")
+
+
+def _check_parallel(sched: Any, model: PolyModel, tm: TimeMaps, ev_reads: isl.UnionMap, ev_writes: isl.UnionMap,
+                    ev_sched: isl.UnionMap, flow: isl.UnionFlow, what: str) -> None:
+    loops = []
+    for st in sched.stages:
+        for leaf in st.leaves:
+            kind = st.kinds.get(id(leaf))
+            if kind in ("parallel", "vectorize"):
+                loops.append((st, leaf, kind))
+    if not loops:
+        return
+    anti = isl.UnionAccessInfo.from_sink(ev_writes).set_may_source(ev_reads).set_schedule_map(ev_sched)
+    output = isl.UnionAccessInfo.from_sink(ev_writes).set_must_source(ev_writes).set_schedule_map(ev_sched)
+    deps = {
+        "flow": flow.get_may_dependence(),
+        "anti": anti.compute_flow().get_may_dependence(),
+        "output": output.compute_flow().get_may_dependence(),
+    }
+    for st, leaf, kind in loops:
+        dims = [tm.leaf_dim(s.name, leaf) for s in model.statements if s.stage is st]
+        d = next((x for x in dims if x is not None), None)
+        if d is None:
+            continue
+        carried = _carried(tm.width, d, model.param_str)
+        for name, dep in deps.items():
+            in_time = dep.apply_domain(ev_sched).apply_range(ev_sched)
+            hit = in_time.intersect(isl.UnionMap.from_map(carried))
+            if not hit.is_empty():
+                pairs = dep.intersect(hit.apply_domain(ev_sched.reverse()).apply_range(ev_sched.reverse()))
+                raise ScheduleError(
+                    f"{what}: loop {leaf.name} of {st.name} cannot be {'vectorized' if kind == 'vectorize' else kind}"
+                    f": it carries a {name} dependence (an iteration touches an element that another iteration "
+                    f"writes):\n  {_short(pairs)}\nParallelise or vectorise a loop that carries none "
+                    "(an output axis); a reduction axis needs rfactor first."
+                )
+
+
+def _short(um: isl.UnionMap, limit: int = 600) -> str:
+    text = str(um.coalesce())
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def check_program(sched: Any, live_out: list[Any]) -> TimeMaps:
+    """The check for a build: ``live_out`` are the stages whose tensors are build outputs."""
+    return check_schedule(sched, None, live_out)
+
+
+__all__ = ["check_schedule", "check_program", "build_model"]
