@@ -30,7 +30,7 @@ from cuvil.schedule.model import PolyModel, build_model, isl_budget
 from cuvil.schedule.schedule import Schedule, Stage
 from cuvil.schedule.storage import plan_storage
 from cuvil.schedule.timemap import build_time_maps
-from cuvil.te.tensor import ComputeOp, PlaceholderOp, Tensor
+from cuvil.te.tensor import PlaceholderOp, Tensor
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def _plan_args(sched: Schedule, args: Sequence[Any]) -> ArgPlan:
         seen.add(id(a))
     outputs = []
     for pos, a in enumerate(args):
-        if isinstance(a, Tensor) and isinstance(a.op, ComputeOp):
+        if isinstance(a, Tensor) and not isinstance(a.op, PlaceholderOp):
             st = sched.stage_of(a)
             if st is None:
                 raise ArgumentError(f"argument {pos} ({a.name}) is computed but is not part of this schedule")

@@ -16,8 +16,21 @@ from cuvil.ir.functor import ExprMutator, substitute
 from cuvil.ir.stmt import Allocate, Block, For, If, LetStmt, LoweredFunc, Stmt, Store, block
 
 
-def _linear(e: Expr) -> tuple[dict[int, tuple[Expr, int]], int] | None:
-    """``e`` as ``sum(coef * term) + const`` over int64, terms keyed by identity."""
+def skey(e: Expr) -> tuple:
+    """A structural key: equal for structurally equal expressions (variables by identity)."""
+    if isinstance(e, Var):
+        return ("var", id(e))
+    if isinstance(e, Const):
+        return ("const", e.dtype, e.value)
+    from cuvil.ir.functor import children
+
+    tag = getattr(e, "op", None) or getattr(e, "name", None)
+    extra = id(getattr(e, "buffer", None) or getattr(e, "tensor", None))
+    return (type(e).__name__, e.dtype, tag, extra) + tuple(skey(c) for c in children(e))
+
+
+def _linear(e: Expr) -> tuple[dict[tuple, tuple[Expr, int]], int] | None:
+    """``e`` as ``sum(coef * term) + const`` over int64, terms keyed structurally."""
     if e.dtype != "int64":
         return None
     if isinstance(e, Const):
@@ -44,10 +57,19 @@ def _linear(e: Expr) -> tuple[dict[int, tuple[Expr, int]], int] | None:
         if inner is None:
             return None
         return {key: (t, -v) for key, (t, v) in inner[0].items()}, -inner[1]
-    return {id(e): (e, 1)}, 0
+    if isinstance(e, Binary) and e.op == "floormod" and isinstance(e.b, Const) and e.b.value > 0:
+        # x % c == x - c * (x // c) for floor semantics: tile offsets cancel against each other
+        inner = _linear(e.a)
+        if inner is not None:
+            q = Binary("int64", "floordiv", e.a, e.b)
+            terms = dict(inner[0])
+            old = terms.get(skey(q), (q, 0))[1]
+            terms[skey(q)] = (q, old - int(e.b.value))
+            return terms, inner[1]
+    return {skey(e): (e, 1)}, 0
 
 
-def _rebuild(terms: dict[int, tuple[Expr, int]], c: int) -> Expr:
+def _rebuild(terms: dict[tuple, tuple[Expr, int]], c: int) -> Expr:
     out: Expr | None = None
     for t, k in terms.values():
         if k == 0:

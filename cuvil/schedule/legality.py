@@ -113,7 +113,7 @@ def check_schedule(sched: Any, step: Any = None, live_out: list[Any] | None = No
                 f"computed (reader -> element):\n  {_short(missing)}\n"
                 "Compute the producer before its readers (compute_at a loop that encloses the reads)."
             )
-        _check_parallel(sched, model, tm, ev_reads, ev_writes, ev_sched, flow, what)
+        _check_parallel(sched, model, tm, ev_reads, ev_writes, ev_sched, ev_inst, flow, what)
         return tm
 
 
@@ -139,7 +139,7 @@ def _carried(width: int, d: int, params: str) -> isl.Map:
 
 
 def _check_parallel(sched: Any, model: PolyModel, tm: TimeMaps, ev_reads: isl.UnionMap, ev_writes: isl.UnionMap,
-                    ev_sched: isl.UnionMap, flow: isl.UnionFlow, what: str) -> None:
+                    ev_sched: isl.UnionMap, ev_inst: isl.UnionMap, flow: isl.UnionFlow, what: str) -> None:
     loops = []
     for st in sched.stages:
         for leaf in st.leaves:
@@ -160,12 +160,17 @@ def _check_parallel(sched: Any, model: PolyModel, tm: TimeMaps, ev_reads: isl.Un
         d = next((x for x in dims if x is not None), None)
         if d is None:
             continue
+        # the events inside this loop: statements whose time dimension d is this loop
+        inside = _union([isl.UnionMap.from_map(tm.maps[s.name]).wrap().unwrap().wrap()
+                         for s in model.statements if tm.dim_leaf[s.name][d] is leaf])
         carried = _carried(tm.width, d, model.param_str)
         for name, dep in deps.items():
+            dep = dep.intersect_domain(inside).intersect_range(inside)
             in_time = dep.apply_domain(ev_sched).apply_range(ev_sched)
             hit = in_time.intersect(isl.UnionMap.from_map(carried))
             if not hit.is_empty():
                 pairs = dep.intersect(hit.apply_domain(ev_sched.reverse()).apply_range(ev_sched.reverse()))
+                pairs = pairs.apply_domain(ev_inst).apply_range(ev_inst)  # as statement instances
                 raise ScheduleError(
                     f"{what}: loop {leaf.name} of {st.name} cannot be {'vectorized' if kind == 'vectorize' else kind}"
                     f": it carries a {name} dependence (an iteration touches an element that another iteration "

@@ -29,10 +29,11 @@ from typing import Any
 import islpy as isl
 
 from cuvil.errors import CuvilError, ShapeError, UnsupportedOpError
+from cuvil.ir import expr as E
 from cuvil.ir.expr import Binary, Cast, Const, Expr, IterVar, TensorRead, Unary, Var
 from cuvil.ir.functor import ExprMutator, substitute, walk
 from cuvil.schedule.schedule import Schedule
-from cuvil.te.tensor import ComputeOp, Tensor
+from cuvil.te.tensor import ComputeOp, PlaceholderOp, ScanOp, Tensor
 
 # isl gives up with an error instead of running for minutes on huge problems
 MAX_ISL_OPERATIONS = 2_000_000
@@ -164,15 +165,17 @@ class PolyModel:
             op = st.op
             for d in getattr(op, "shape", ()):
                 visit(d)
-            if isinstance(op, ComputeOp):
+            if not isinstance(op, PlaceholderOp):
                 for a in op.axis + op.reduce_axis:
                     visit(a.min)
                     visit(a.extent)
-                for n in walk(op.body):
-                    if isinstance(n, TensorRead):
-                        for d in n.tensor.shape:
-                            visit(d)
-                visit(op.body)
+                bodies = (op.init_body, op.update_body, op.init_extent) if isinstance(op, ScanOp) else (op.body,)
+                for body in bodies:
+                    for n in walk(body):
+                        if isinstance(n, TensorRead):
+                            for d in n.tensor.shape:
+                                visit(d)
+                    visit(body)
 
     @property
     def param_str(self) -> str:
@@ -200,6 +203,8 @@ class PolyModel:
 
     # -- statements ---------------------------------------------------------
     def _stage_statements(self, pos: int, st: Any) -> list[Statement]:
+        if isinstance(st.op, ScanOp):
+            return self._scan_statements(pos, st)
         op: ComputeOp = st.op
         out = op.output(0)
         body = op.body
@@ -216,8 +221,21 @@ class PolyModel:
         value = self.inline.visit(body)
         return [self._statement(self.names.fresh(f"S{pos}_{st.name}"), st, "compute", op.axis, store, value, None)]
 
+    def _scan_statements(self, pos: int, st: Any) -> list[Statement]:
+        """``init`` for t < len(init), ``update`` for the other steps; both over the scan's axes."""
+        op: ScanOp = st.op
+        base = self.names.fresh(f"S{pos}_{st.name}")
+        t = op.axis[0]
+        store = tuple(op.axis)
+        return [
+            self._statement(f"{base}_init", st, "scan_init", op.axis, store, self.inline.visit(op.init_body), None,
+                            first=(E.const(0, "int64"), op.init_extent)),
+            self._statement(f"{base}_update", st, "scan_update", op.axis, store, self.inline.visit(op.update_body),
+                            None, first=(op.init_extent, t.extent - op.init_extent)),
+        ]
+
     def _statement(self, name: str, st: Any, kind: str, iters: tuple[IterVar, ...], store: tuple[Expr, ...],
-                   value: Expr, guard: Expr | None) -> Statement:
+                   value: Expr, guard: Expr | None, first: tuple[Expr, Expr] | None = None) -> Statement:
         op = st.op
         local = Names()
         local.used = set(self.names.used)
@@ -225,8 +243,9 @@ class PolyModel:
         names = dict(self._param_names)
         names.update({id(a): n for a, n in zip(iters, iter_names)})
         cons = []
-        for a, n in zip(iters, iter_names):
-            lo, ext = isl_aff(a.min, names), isl_aff(a.extent, names)
+        for k, (a, n) in enumerate(zip(iters, iter_names)):
+            lo_e, ext_e = (a.min, a.extent) if (k or first is None) else first
+            lo, ext = isl_aff(lo_e, names), isl_aff(ext_e, names)
             if lo is None or ext is None:
                 raise UnsupportedOpError(
                     f"compute {op.name}: the range of axis {a.name} ({a.min} .. {a.min} + {a.extent}) is not "
@@ -292,12 +311,16 @@ class PolyModel:
 
             S_init[i, j] -> [stage, i, j, 0, 0];  S_update[i, j, k] -> [stage, i, j, 1, k]
         """
-        width = 1 + max((len(s.op.axis) + (1 + len(s.op.reduce_axis) if s.op.reduce_axis else 0)
+        width = 2 + max((len(s.op.axis) + (1 + len(s.op.reduce_axis) if s.op.reduce_axis else 0)
                          for s in self.statements), default=0)
         result = isl.UnionMap.empty(self.context.get_space())
         pos = {id(st): k for k, st in enumerate(self.schedule.stages)}
         for s in self.statements:
             dims = [str(pos[id(s.stage)])] + list(s.iter_names[: len(s.op.axis)])
+            if s.kind == "scan_init":
+                dims = [dims[0], "0"] + dims[1:]
+            elif s.kind == "scan_update":
+                dims = [dims[0], "1"] + dims[1:]
             if s.kind == "init":
                 dims.append("0")
             elif s.kind == "update":

@@ -16,14 +16,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cuvil.errors import CuvilError, ScheduleError
+from cuvil.errors import ScheduleError
 from cuvil.ir import expr as E
 from cuvil.ir.expr import IterVar
 from cuvil.schedule.axes import Fuse, Relation, Split, const_int, derived
 from cuvil.schedule.trace import Step
-from cuvil.te.tensor import ComputeOp, Operation, PlaceholderOp, Tensor
+from cuvil.te.tensor import Operation, PlaceholderOp, Tensor
 
 LOOP_ANNOTATIONS = ("parallel", "vectorize", "unroll")
+# what a primitive may change on a stage (saved before it, restored if isl refuses it)
+_STAGE_STATE = ("op", "aliases", "scope", "attach", "attach_stage", "attach_axis", "roots", "leaves", "relations",
+                "kinds")
 
 
 class Stage:
@@ -33,6 +36,7 @@ class Stage:
         self.sched = sched
         self.op = op
         self.origin_op = op
+        self.aliases: list[Operation] = [op]  # every op this stage has computed (readers may name any)
         self.scope = "global"
         self.attach = "root"  # "root" | "inline" | "at"
         self.attach_stage: Stage | None = None
@@ -41,11 +45,18 @@ class Stage:
 
     def reset_loops(self) -> None:
         op = self.op
-        roots = (op.axis + op.reduce_axis) if isinstance(op, ComputeOp) else ()
+        roots = (op.axis + op.reduce_axis) if not isinstance(op, PlaceholderOp) else ()
         self.roots: tuple[IterVar, ...] = roots
         self.leaves: list[IterVar] = list(roots)
         self.relations: list[Relation] = []
         self.kinds: dict[int, str] = {}
+
+    def set_op(self, op: Operation, keep_loops: bool = False) -> None:
+        """Replace the op (same output values); ``keep_loops`` when its axes are the same objects."""
+        self.op = op
+        self.aliases = self.aliases + [op]
+        if not keep_loops:
+            self.reset_loops()
 
     @property
     def name(self) -> str:
@@ -102,7 +113,7 @@ class Stage:
         return n
 
     def _compute(self, what: str) -> None:
-        if not isinstance(self.op, ComputeOp):
+        if isinstance(self.op, PlaceholderOp):
             raise ScheduleError(f"{what}: {self.name} is a placeholder; only computed stages have loops")
 
     # -- loop primitives ----------------------------------------------------------
@@ -142,7 +153,7 @@ class Stage:
             self.kinds.pop(id(p), None)
             out.extend((outer, inner))
 
-        self.sched.apply(step, do)
+        self.sched.apply(step, do, check=False)
         return out[0], out[1]
 
     def tile(self, x_parent: IterVar, y_parent: IterVar, x_factor: int, y_factor: int
@@ -218,7 +229,7 @@ class Stage:
             self.kinds.pop(id(i), None)
             out.append(fused)
 
-        self.sched.apply(step, do)
+        self.sched.apply(step, do, check=False)
         return out[0]
 
     def _annotate(self, axis: IterVar, kind: str) -> None:
@@ -241,7 +252,7 @@ class Stage:
         def do() -> None:
             self.kinds[id(a)] = kind
 
-        self.sched.apply(step, do)
+        self.sched.apply(step, do, check=kind != "unroll")
 
     def vectorize(self, axis: IterVar) -> None:
         """Run the loop as SIMD lanes (explicit vector code); it must carry no dependence.
@@ -284,7 +295,7 @@ class Stage:
         a = parent._leaf(axis, "compute_at")
         if parent is self:
             raise ScheduleError(f"{self.name}.compute_at: a stage cannot be computed inside itself")
-        if not any(t.op is self.op or t.op is self.origin_op for t in parent.op.input_tensors):
+        if not self.sched.reads(parent, self):
             readers = [st.name for st in self.sched.stages if self.sched.reads(st, self)]
             raise ScheduleError(
                 f"{self.name}.compute_at(s[{parent.name}], {a.name}): {parent.name} does not read {self.name}; "
@@ -352,7 +363,7 @@ class Schedule:
             raise ScheduleError("create_schedule needs at least one output tensor")
         self.outputs: tuple[Operation, ...] = tuple(_as_op(o, "create_schedule") for o in outputs)
         for o in self.outputs:
-            if not isinstance(o, ComputeOp):
+            if isinstance(o, PlaceholderOp):
                 raise ScheduleError(f"create_schedule: output {o.name} is a placeholder, not a computed tensor")
         self.stages: list[Stage] = [Stage(self, op) for op in _post_order(self.outputs)]
         self.trace: list[Step] = []
@@ -366,7 +377,7 @@ class Schedule:
             return None
         op = _as_op(x, "schedule[...]")
         for st in self.stages:
-            if st.op is op or st.origin_op is op:
+            if any(op is a for a in st.aliases):
                 return st
         return None
 
@@ -385,37 +396,46 @@ class Schedule:
         return [s for s in self.stages if not s.is_placeholder]
 
     def reads(self, reader: Stage, producer: Stage) -> bool:
-        return not reader.is_placeholder and any(
-            t.op is producer.op or t.op is producer.origin_op for t in reader.op.input_tensors
-        )
+        return not reader.is_placeholder and any(self.stage_of(t) is producer for t in reader.op.input_tensors)
+
+    def new_stage(self, op: Operation, before: Stage | None = None, after: Stage | None = None) -> Stage:
+        """Insert a stage for ``op`` (from cache_read / cache_write / rfactor)."""
+        st = Stage(self, op)
+        pos = self.stages.index(before) if before is not None else self.stages.index(after) + 1  # type: ignore[arg-type]
+        self.stages.insert(pos, st)
+        return st
 
     def __repr__(self) -> str:
         return "Schedule(" + ", ".join(s.name for s in self.stages) + ")"
 
     # -- applying primitives ---------------------------------------------------------------
     def _snapshot(self) -> Any:
-        return (list(self.stages), [(st, st.op, st.scope, st.attach, st.attach_stage, st.attach_axis, st.roots,
-                                     list(st.leaves), list(st.relations), dict(st.kinds)) for st in self.stages])
+        def keep(v: Any) -> Any:
+            return list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
+
+        return list(self.stages), [(st, {k: keep(getattr(st, k)) for k in _STAGE_STATE}) for st in self.stages]
 
     def _restore(self, snap: Any) -> None:
         stages, states = snap
         self.stages = stages
-        for st, op, scope, attach, ast, aax, roots, leaves, rels, kinds in states:
-            st.op, st.scope, st.attach, st.attach_stage, st.attach_axis = op, scope, attach, ast, aax
-            st.roots, st.leaves, st.relations, st.kinds = roots, leaves, rels, kinds
+        for st, state in states:
+            for k, v in state.items():
+                setattr(st, k, v)
 
-    def apply(self, step: Step, mutate: Callable[[], None]) -> None:
-        """Mutate the schedule, prove the result legal with isl, and record ``step``; undo on failure."""
+    def apply(self, step: Step, mutate: Callable[[], None], check: bool = True) -> None:
+        """Mutate the schedule, prove the result legal with isl, and record ``step``; undo on failure.
+
+        ``check=False`` is for primitives that keep the execution order and add no parallelism
+        (split, fuse, unroll, and the stage-adding rewrites): the build checks the whole schedule again.
+        """
         from cuvil.schedule.legality import check_schedule
 
         snap = self._snapshot()
         try:
             mutate()
-            check_schedule(self, step)
-        except CuvilError:
-            self._restore(snap)
-            raise
-        except Exception:
+            if check:
+                check_schedule(self, step)
+        except BaseException:
             self._restore(snap)
             raise
         self.trace.append(step)

@@ -78,6 +78,8 @@ def _suffix(model: PolyModel, s: Statement, counts: list[int]) -> tuple[isl.Map,
 
     def slot(k: int) -> int:  # k = -1 .. n-1; counts[k + 1] stages are computed inside loop k
         base = counts[k + 1]
+        if k == -1 and s.kind in ("scan_init", "scan_update"):  # a scan's init steps run first
+            return base + (0 if s.kind == "scan_init" else 1)
         if cut is not None and k == cut - 1:
             return base + (0 if s.kind == "init" else 1)
         return base

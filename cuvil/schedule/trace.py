@@ -72,3 +72,36 @@ def replay(sched: Any, steps: tuple[Step, ...] | list[Step]) -> Any:
     for st in steps:
         sched.apply_step(st)
     return sched
+
+
+def expr_to_json(e: Any, names: dict[int, str]) -> Any:
+    """An index expression (ints, named variables, + - * // %) as nested lists."""
+    from cuvil.ir.expr import Binary, Cast, Const, Unary, Var
+
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Var):
+        if id(e) not in names:
+            raise ScheduleError(f"cannot record the expression {e}: unknown variable {e.name}")
+        return names[id(e)]
+    if isinstance(e, Cast):
+        return expr_to_json(e.value, names)
+    if isinstance(e, Unary) and e.op == "neg":
+        return ["neg", expr_to_json(e.a, names)]
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul", "floordiv", "floormod", "min", "max"):
+        return [e.op, expr_to_json(e.a, names), expr_to_json(e.b, names)]
+    raise ScheduleError(f"cannot record the expression {e} in a trace")
+
+
+def expr_from_json(data: Any, env: dict[str, Any]) -> Any:
+    from cuvil.ir import expr as E
+
+    if isinstance(data, int):
+        return E.const(data, "int64")
+    if isinstance(data, str):
+        return env[data]
+    op, *args = data
+    vals = [expr_from_json(a, env) for a in args]
+    if op == "neg":
+        return -vals[0]
+    return E.binary(op, vals[0], vals[1])

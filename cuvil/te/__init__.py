@@ -25,6 +25,7 @@ from cuvil.te.api import (
     reduce_axis,
     round,
     rsqrt,
+    scan,
     sigmoid,
     sqrt,
     structural_equal,
@@ -33,12 +34,12 @@ from cuvil.te.api import (
     trunc,
     var,
 )
-from cuvil.te.tensor import ComputeOp, Operation, PlaceholderOp, Tensor
+from cuvil.te.tensor import ComputeOp, Operation, PlaceholderOp, ScanOp, Tensor
 
 __all__ = [
-    "ComputeOp", "Expr", "IterVar", "Operation", "PlaceholderOp", "Reduce", "Tensor", "Var",
+    "ComputeOp", "Expr", "ScanOp", "IterVar", "Operation", "PlaceholderOp", "Reduce", "Tensor", "Var",
     "abs", "all", "any", "cast", "ceil", "comm_reducer", "compute", "const", "create_schedule",
     "erf", "exp", "floor", "if_then_else", "isnan", "log", "max", "min", "placeholder", "pow",
-    "power", "reduce_axis", "round", "rsqrt", "sigmoid", "sqrt", "structural_equal", "sum", "tanh",
+    "power", "reduce_axis", "round", "rsqrt", "scan", "sigmoid", "sqrt", "structural_equal", "sum", "tanh",
     "trunc", "var",
 ]

@@ -306,6 +306,57 @@ def power(a: Any, b: Any) -> Expr:
 pow = power  # noqa: A001
 
 
+def scan(init: Tensor, update: Tensor, state_placeholder: Tensor, inputs: Any = None,
+         name: str = "scan") -> Tensor:
+    """A recurrence over the first axis, as in TVM: ``out[t] = init[t]`` for ``t < init.shape[0]``,
+    else ``update[t]``, where ``update`` reads earlier steps through ``state_placeholder``::
+
+        X = te.placeholder((T, n)); s = te.placeholder((T, n))
+        init = te.compute((1, n), lambda _, i: X[0, i])
+        update = te.compute((T, n), lambda t, i: s[t - 1, i] + X[t, i])
+        cumsum = te.scan(init, update, s, inputs=[X])
+    """
+    from cuvil.ir.expr import TensorRead
+    from cuvil.ir.functor import ExprMutator, substitute
+    from cuvil.te.tensor import ScanOp
+
+    for what, t in (("init", init), ("update", update)):
+        if not isinstance(t, Tensor) or not isinstance(t.op, ComputeOp):
+            raise ShapeError(f"te.scan {name}: {what} must be a te.compute tensor")
+        if t.op.reduce_axis:
+            raise ShapeError(f"te.scan {name}: {what} is a reduction; compute it in a stage the scan reads")
+        if t.ndim != state_placeholder.ndim:
+            raise ShapeError(f"te.scan {name}: {what} has {t.ndim} dimensions, the state has {state_placeholder.ndim}")
+        if t.dtype != state_placeholder.dtype:
+            raise DTypeError(f"te.scan {name}: {what} is {t.dtype} but the state is {state_placeholder.dtype}")
+    if not isinstance(state_placeholder.op, PlaceholderOp):
+        raise ShapeError(f"te.scan {name}: the state must be a te.placeholder")
+    for d in range(1, update.ndim):
+        for what, t in (("init", init), ("update", update)):
+            if not te_equal(t.shape[d], state_placeholder.shape[d]):
+                raise ShapeError(f"te.scan {name}: {what} dimension {d} is {t.shape[d]}, the state's is "
+                                 f"{state_placeholder.shape[d]}")
+    axis = tuple(IterVar("int64", a.name, E.const(0, "int64"), ext, "data")
+                 for a, ext in zip(update.op.axis, state_placeholder.shape))
+    op = ScanOp(name, axis, init.shape[0], E.const(0, update.dtype), E.const(0, update.dtype))
+    out = op.output(0)
+
+    class _State(ExprMutator):
+        def visit_TensorRead(self, e: TensorRead) -> Expr:
+            idx = tuple(self.visit(i) for i in e.indices)
+            return TensorRead(e.dtype, out if e.tensor is state_placeholder else e.tensor, idx)
+
+    op.init_body = _State().visit(substitute(init.op.body, dict(zip(init.op.axis, axis))))
+    op.update_body = _State().visit(substitute(update.op.body, dict(zip(update.op.axis, axis))))
+    return out
+
+
+def te_equal(a: Any, b: Any) -> bool:
+    from cuvil.ir.functor import structural_equal as se
+
+    return se(a, b)
+
+
 def structural_equal(a: Any, b: Any) -> bool:
     from cuvil.ir.functor import structural_equal as se
 

@@ -99,16 +99,22 @@ class PlaceholderOp(Operation):
 
 
 class ComputeOp(Operation):
-    """``out[axis] = body``; when ``body`` is a Reduce, ``reduce_axis`` are its axes."""
+    """``out[axis] = body``; when ``body`` is a Reduce, ``reduce_axis`` are its axes.
 
-    def __init__(self, name: str, axis: tuple[IterVar, ...], body: Expr, tag: str = "", attrs: dict | None = None):
+    A packing stage (``cache_read(..., layout=f)``) stores element ``axis`` at
+    ``store_indices`` of an output of a different ``shape``.
+    """
+
+    def __init__(self, name: str, axis: tuple[IterVar, ...], body: Expr, tag: str = "", attrs: dict | None = None,
+                 shape: tuple[Expr, ...] | None = None, store_indices: tuple[Expr, ...] | None = None):
         self.name = name
         self.axis = axis
         self.body = body
         self.tag = tag
         self.attrs = dict(attrs or {})
         self.reduce_axis: tuple[IterVar, ...] = body.axis if isinstance(body, Reduce) else ()
-        self.shape = tuple(a.extent for a in axis)
+        self.shape = shape if shape is not None else tuple(a.extent for a in axis)
+        self.store_indices: tuple[Expr, ...] = store_indices if store_indices is not None else tuple(axis)
         self.dtype = body.dtype
         self._out = Tensor(self, self.shape, body.dtype, name)
 
@@ -118,4 +124,36 @@ class ComputeOp(Operation):
         for n in walk(self.body):
             if isinstance(n, TensorRead) and id(n.tensor) not in seen:
                 seen[id(n.tensor)] = n.tensor
+        return list(seen.values())
+
+
+class ScanOp(Operation):
+    """A recurrence over the first axis (``te.scan``): ``out[t] = init[t]`` for ``t < len(init)``,
+    else ``update[t]``, where ``update`` reads the state (earlier steps of ``out``)."""
+
+    def __init__(self, name: str, axis: tuple[IterVar, ...], init_extent: Expr, init_body: Expr,
+                 update_body: Expr, tag: str = ""):
+        self.name = name
+        self.axis = axis
+        self.reduce_axis: tuple[IterVar, ...] = ()
+        self.init_extent = init_extent
+        self.init_body = init_body
+        self.update_body = update_body
+        self.tag = tag
+        self.shape = tuple(a.extent for a in axis)
+        self.store_indices = tuple(axis)
+        self.dtype = update_body.dtype
+        self._out = Tensor(self, self.shape, self.dtype, name)
+
+    @property
+    def body(self) -> Expr:
+        return self.update_body
+
+    @property
+    def input_tensors(self) -> list[Tensor]:
+        seen: dict[int, Tensor] = {}
+        for root in (self.init_body, self.update_body):
+            for n in walk(root):
+                if isinstance(n, TensorRead) and n.tensor is not self._out and id(n.tensor) not in seen:
+                    seen[id(n.tensor)] = n.tensor
         return list(seen.values())
