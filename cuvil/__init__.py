@@ -31,6 +31,8 @@ _LAZY = {
     "build": ("cuvil.pipeline", "build"),
     "Target": ("cuvil.target", "Target"),
     "runtime": ("cuvil.runtime", None),
+    "set_num_threads": ("cuvil.runtime.threads", "set_num_threads"),
+    "get_num_threads": ("cuvil.runtime.threads", "get_num_threads"),
 }
 
 
@@ -50,5 +52,6 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ArgumentError", "CuvilError", "DTypeError", "ScheduleError", "ShapeError", "TargetError",
-    "UnsupportedOpError", "Target", "__version__", "build", "lower", "runtime", "te",
+    "UnsupportedOpError", "Target", "__version__", "build", "get_num_threads", "lower", "runtime",
+    "set_num_threads", "te",
 ]

@@ -6,7 +6,7 @@
       -> schedule map                     (the te order for now)
       -> isl AST                          (schedule.astgen.generate_ast)
       -> loop IR                          (schedule.astgen.ast_to_loops, intermediates allocated)
-      -> passes                           (ir.simplify)
+      -> passes                           (ir.simplify, ir.unroll)
       -> LoweredFunc                      (what cuvil.lower returns; print it)
       -> LLVM IR -> O3 -> machine code    (codegen.llvm, inside runtime.Module)
       -> Module                           (callable with numpy arrays)
@@ -24,6 +24,7 @@ from cuvil.errors import ArgumentError, ShapeError
 from cuvil.ir.expr import IterVar, Var
 from cuvil.ir.simplify import simplify
 from cuvil.ir.stmt import Allocate, Buffer, LoweredFunc, Stmt
+from cuvil.ir.unroll import unroll_loops
 from cuvil.schedule.astgen import ast_to_loops, generate_ast
 from cuvil.schedule.legality import check_program
 from cuvil.schedule.model import PolyModel, build_model, isl_budget
@@ -124,7 +125,7 @@ def lower(s: Schedule, args: Sequence[Any], name: str = "main") -> LoweredFunc:
         if id(st) not in storage:
             body = Allocate(buffer_of(st), body)
     func = LoweredFunc(name, params, body, size_vars, tuple(buffer_of(st) for st in plan.outputs))
-    return simplify(func)
+    return unroll_loops(simplify(func))
 
 
 def build(s: Schedule, args: Sequence[Any], target: Any = "llvm", name: str = "main",

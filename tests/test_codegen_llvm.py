@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from cuvil import dtype as dt
 from cuvil.codegen.llvm import STACK_LIMIT, codegen_llvm, optimize
-from cuvil.errors import CuvilError, TargetError, UnsupportedOpError
+from cuvil.errors import CuvilError, TargetError
 from cuvil.ir import expr as E
 from cuvil.ir.expr import Binary, Call, Cast, Load, Select, TensorRead, Unary, Var
 from cuvil.ir.stmt import Allocate, Block, Buffer, For, If, LetStmt, LoweredFunc, Store
@@ -360,19 +360,17 @@ def test_matmul_with_size_vars(shape):
 
 
 def test_loop_kinds_and_metadata():
-    for kind, key in [("unroll", "llvm.loop.unroll.enable"), ("vectorize", "llvm.loop.vectorize.enable")]:
+    # unroll with a run-time extent keeps LLVM metadata; vectorize is explicit vector code
+    # and parallel is a GOMP_parallel launch (tests/test_simd_threads.py tests both in depth)
+    for kind, key in [("unroll", "llvm.loop.unroll.enable"), ("vectorize", "x float>"),
+                      ("parallel", "@\"GOMP_parallel\"")]:
         func = elementwise(lambda x: [x + x], ["float32"], kind=kind)
         text = codegen_llvm(func, "llvm")
-        assert key in text and "distinct !{" in text
+        assert key in text
+        assert ("distinct !{" in text) == (kind == "unroll")
         optimize(text, "llvm")  # parses and verifies
         (got,) = run(func, np.arange(37, dtype=np.float32))
         np.testing.assert_array_equal(got, 2 * np.arange(37, dtype=np.float32))
-
-
-def test_parallel_loops_are_refused_clearly():
-    func = elementwise(lambda x: [x + x], ["float32"], kind="parallel")
-    with pytest.raises(UnsupportedOpError, match="parallel"):
-        codegen_llvm(func, "llvm")
 
 
 def test_nonzero_loop_min_if_else_and_let():

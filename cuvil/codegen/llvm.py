@@ -28,7 +28,9 @@ from llvmlite import ir
 
 from cuvil import dtype as dt
 from cuvil.codegen.llvm_expr import I32, I64, PTR, ExprEmitter, InternalError, mem_type, reg_type
-from cuvil.errors import TargetError, UnsupportedOpError
+from cuvil.codegen.llvm_parallel import PARALLEL_STACK_LIMIT, ParallelLoops
+from cuvil.codegen.llvm_vector import VectorLoops, simd_bits
+from cuvil.errors import TargetError
 from cuvil.ir.expr import Const, Expr, Var
 from cuvil.ir.stmt import Allocate, Block, Buffer, For, If, LetStmt, LoweredFunc, Stmt, Store
 from cuvil.target import Target, llvm_binding
@@ -50,7 +52,7 @@ def codegen_llvm(func: LoweredFunc, target: Target | str) -> str:
     module = ir.Module(name=func.name)
     module.triple = target.triple
     module.data_layout = str(tm.target_data)
-    _FuncEmitter(module, func).emit()
+    _FuncEmitter(module, func, target).emit()
     return _finish_text(str(module), target)
 
 
@@ -59,20 +61,26 @@ def _finish_text(text: str, target: Target) -> str:
     attrs = f'"target-cpu"="{target.cpu}"'
     if target.features:
         attrs += f' "target-features"="{target.features}"'
+    bits = simd_bits(target)
+    if 0 < bits < target.vector_bits:  # keep LLVM from widening past the width cuvil chose
+        attrs += f' "prefer-vector-width"="{bits}" "min-legal-vector-width"="{bits}"'
     text = re.sub(r"^(define .*\) nounwind)$", lambda m: f"{m.group(1)} {attrs}", text, flags=re.M)
     # loop ids are written as !{!"cuvil.loop.N", ...}; LLVM wants distinct !{<self>, ...}
     return re.sub(r'^(!\d+) = !\{ !"cuvil\.loop\.\d+"', lambda m: f"{m.group(1)} = distinct !{{ {m.group(1)}",
                   text, flags=re.M)
 
 
-class _FuncEmitter(ExprEmitter):
-    def __init__(self, module: ir.Module, func: LoweredFunc):
+class _FuncEmitter(VectorLoops, ParallelLoops, ExprEmitter):
+    def __init__(self, module: ir.Module, func: LoweredFunc, target: Target):
         self.module = module
         self.func = func
+        self.target = target
         self.env: dict[Var, ir.Value] = {}
         self.buffers: dict[Any, tuple[ir.Value, list[ir.Value]]] = {}
-        self.heap: list[ir.Value] = []
         self.loops = 0
+        self.stack_limit = STACK_LIMIT
+        self.in_parallel = False
+        self.n_parallel = 0
 
     def emit(self) -> None:
         f = self.func
@@ -95,6 +103,7 @@ class _FuncEmitter(ExprEmitter):
         for arg, buf in zip(body_fn.args, bufs):
             self.buffers[buf] = (arg, [self.dim(d) for d in buf.shape])
         self.fail_bb = body_fn.append_basic_block("out_of_memory")
+        self.num_threads_global()
         self.stmt(f.body)
         self.builder.ret(ir.Constant(I32, 0))
         ir.IRBuilder(self.fail_bb).ret(ir.Constant(I32, 1))
@@ -149,18 +158,40 @@ class _FuncEmitter(ExprEmitter):
             self.stmt(s.body)
             del self.env[s.var]
         elif isinstance(s, Allocate):
-            self.allocate(s)
+            self.allocate_buffer(s.buffer, lambda: self.stmt(s.body))
         else:
             raise InternalError(f"internal error in LLVM codegen: unknown statement {type(s).__name__}")
 
     def loop(self, s: For) -> None:
         if s.kind == "parallel":
-            raise UnsupportedOpError(
-                f"loop '{s.var.name}' is marked parallel, which the LLVM backend does not support yet; "
-                "remove .parallel() from the schedule (threads are coming)"
-            )
-        if s.kind not in _LOOP_MD:
+            self.parallel_loop(s)
+        elif s.kind == "vectorize":
+            self.vector_loop(s)
+        elif s.kind in _LOOP_MD:
+            self.serial_loop(s)
+        else:
             raise InternalError(f"internal error in LLVM codegen: unknown loop kind {s.kind!r}")
+
+    def counted_loop(self, name: str, t: ir.IntType, start: ir.Value, stop: ir.Value, step: int,
+                     signed: bool, emit: Any) -> None:
+        """``for (c = start; c < stop; c += step) emit(c)`` (``step`` divides ``stop - start``)."""
+        b = self.builder
+        pre = b.block
+        fn = b.function
+        head, body, done = (fn.append_basic_block(f"{name}.{n}") for n in ("head", "body", "done"))
+        b.branch(head)
+        b.position_at_end(head)
+        c = b.phi(t, name=name)
+        c.add_incoming(start, pre)
+        b.cbranch((b.icmp_signed if signed else b.icmp_unsigned)("<", c, stop), body, done)
+        b.position_at_end(body)
+        emit(c)
+        nxt = b.add(c, ir.Constant(t, step), flags=("nsw",) if signed else ("nuw",))
+        c.add_incoming(nxt, b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+    def serial_loop(self, s: For) -> None:
         b = self.builder
         t = reg_type(s.var.dtype)
         lo = self.cast(self.expr(s.min), s.min.dtype, s.var.dtype)
@@ -208,18 +239,19 @@ class _FuncEmitter(ExprEmitter):
             with otherwise:
                 self.stmt(s.else_body)
 
-    def allocate(self, s: Allocate) -> None:
-        buf = s.buffer
+    def allocate_buffer(self, buf: Buffer, emit_body: Any) -> None:
+        """Storage for ``buf`` while ``emit_body()`` emits the statements that use it."""
         b = self.builder
         elem = mem_type(buf.dtype)
         dims = [self.dim(d) for d in buf.shape]
         count = _const_size(buf.shape)
         heap = None
-        if count is not None and count * dt.nbytes(buf.dtype) <= STACK_LIMIT:
+        if count is not None and count * dt.nbytes(buf.dtype) <= self.stack_limit:
             with b.goto_block(self.entry):
                 b.position_at_start(self.entry)
                 ptr = b.alloca(elem, size=ir.Constant(I64, max(count, 1)), name=buf.name)
                 ptr.align = 64
+            ptr.type = PTR  # opaque pointers (llvmlite types allocas; LLVM has only ptr)
         else:
             # bytes = prod(dims) * element size; a negative dim or an overflow fails like malloc
             nbytes: ir.Value = ir.Constant(I64, dt.nbytes(buf.dtype))
@@ -236,7 +268,7 @@ class _FuncEmitter(ExprEmitter):
             b.cbranch(b.icmp_unsigned("==", ptr, ir.Constant(PTR, None)), self.fail_bb, ok)
             b.position_at_end(ok)
         self.buffers[buf] = (ptr, dims)
-        self.stmt(s.body)
+        emit_body()
         del self.buffers[buf]
         if heap is not None:
             b.call(self.libc("free", ir.VoidType(), [PTR]), [heap])
@@ -311,5 +343,5 @@ def add_string_constant(ir_text: str, symbol: str, value: str) -> str:
     )
 
 
-__all__ = ["STACK_LIMIT", "InternalError", "add_string_constant", "assembly", "codegen_llvm", "object_code",
-           "optimize", "target_machine"]
+__all__ = ["PARALLEL_STACK_LIMIT", "STACK_LIMIT", "InternalError", "add_string_constant", "assembly", "codegen_llvm",
+           "object_code", "optimize", "simd_bits", "target_machine"]

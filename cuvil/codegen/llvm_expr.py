@@ -50,6 +50,16 @@ def reg_type(dtype: str) -> ir.Type:
     return ir.IntType(dt.bits(dtype))
 
 
+def elem(t: ir.Type) -> ir.Type:
+    """The element type of a vector type, or ``t`` itself."""
+    return t.element if isinstance(t, ir.VectorType) else t
+
+
+def like(v: ir.Value, t: ir.Type) -> ir.Type:
+    """``t``, or a vector of ``t`` with as many lanes as ``v`` has."""
+    return ir.VectorType(t, v.type.count) if isinstance(v.type, ir.VectorType) else t
+
+
 def mem_type(dtype: str) -> ir.Type:
     """The LLVM type of one element of ``dtype`` in memory."""
     if dtype == "float16":
@@ -97,10 +107,7 @@ class ExprEmitter:
         if isinstance(e, Binary):
             return self.binary(e.op, self.expr(e.a), self.expr(e.b), e.a.dtype)
         if isinstance(e, Unary):
-            a = self.expr(e.a)
-            if e.op == "not":
-                return self.builder.not_(a)
-            return self.builder.fneg(a) if dt.is_float(e.dtype) else self.builder.neg(a)
+            return self.unary(e.op, self.expr(e.a), e.dtype)
         if isinstance(e, Call):
             return self.call(e)
         if isinstance(e, Select):
@@ -116,6 +123,11 @@ class ExprEmitter:
                 "lowering must turn tensor reads into Loads and reductions into loops"
             )
         raise InternalError(f"internal error in LLVM codegen: unknown expression {e!r}")
+
+    def unary(self, op: str, a: ir.Value, dtype: str) -> ir.Value:
+        if op == "not":
+            return self.builder.not_(a)
+        return self.builder.fneg(a) if dt.is_float(dtype) else self.builder.neg(a)
 
     def const(self, value: Any, dtype: str) -> ir.Constant:
         t = reg_type(dtype)
@@ -153,9 +165,9 @@ class ExprEmitter:
 
     def to_memory(self, v: ir.Value, dtype: str) -> ir.Value:
         if dtype == "float16":
-            return self.builder.fptrunc(v, HALF)
+            return self.builder.fptrunc(v, like(v, HALF))
         if dtype == "bool":
-            return self.builder.zext(v, I8)
+            return self.builder.zext(v, like(v, I8))
         return v
 
     def to_i64(self, v: ir.Value, dtype: str) -> ir.Value:
@@ -172,29 +184,30 @@ class ExprEmitter:
         b = self.builder
         if src == dst:
             return v
-        st, tt = reg_type(src), reg_type(dst)
+        st, tt = like(v, reg_type(src)), like(v, reg_type(dst))
         if dst == "bool":
             if dt.is_float(src):
                 return b.fcmp_unordered("!=", v, ir.Constant(st, 0.0))
             return b.icmp_unsigned("!=", v, ir.Constant(st, 0))
         if dt.is_float(dst):
             if dst == "float16":  # round to half precision, then hold the value as float
+                half = like(v, HALF)
                 if dt.is_float(src):
-                    h = b.fptrunc(v, HALF)
+                    h = b.fptrunc(v, half)
                 else:
-                    h = b.uitofp(v, HALF) if _unsigned(src) else b.sitofp(v, HALF)
-                return b.fpext(h, FLOAT)
+                    h = b.uitofp(v, half) if _unsigned(src) else b.sitofp(v, half)
+                return b.fpext(h, like(v, FLOAT))
             if dt.is_float(src):
                 if st == tt:
                     return v
-                return b.fpext(v, tt) if tt == DOUBLE else b.fptrunc(v, tt)
+                return b.fpext(v, tt) if elem(tt) == DOUBLE else b.fptrunc(v, tt)
             return b.uitofp(v, tt) if _unsigned(src) else b.sitofp(v, tt)
         # integer destination
         if dt.is_float(src):
             return self.float_to_int(v, dst)
-        if st.width == tt.width:
+        if elem(st).width == elem(tt).width:
             return v
-        if st.width > tt.width:
+        if elem(st).width > elem(tt).width:
             return b.trunc(v, tt)
         return b.zext(v, tt) if _unsigned(src) else b.sext(v, tt)
 
@@ -204,13 +217,14 @@ class ExprEmitter:
         Out-of-range values (beyond the 32/64-bit conversion used) give an unspecified result.
         """
         b = self.builder
-        tt = reg_type(dst)
+        tt = like(v, reg_type(dst))
+        i64 = like(v, I64)
         if dst == "uint64":  # negative values wrap (numpy: -1.0 -> 2**64 - 1)
             neg = b.fcmp_ordered("<", v, ir.Constant(v.type, 0.0))
-            return b.select(neg, b.fptosi(v, I64), b.fptoui(v, I64))
-        if tt.width >= 32 and dt.is_signed(dst):
+            return b.select(neg, b.fptosi(v, i64), b.fptoui(v, i64))
+        if elem(tt).width >= 32 and dt.is_signed(dst):
             return b.fptosi(v, tt)
-        wide = I64 if dst == "uint32" else I32  # convert in a wider signed type, then wrap
+        wide = i64 if dst == "uint32" else like(v, I32)  # convert in a wider signed type, then wrap
         return b.trunc(b.fptosi(v, wide), tt)
 
     # -- binary operators -------------------------------------------------------
@@ -251,7 +265,7 @@ class ExprEmitter:
             safe = b.select(is_zero, one, d)
             r = b.udiv(a, safe) if op == "floordiv" else b.urem(a, safe)
             return b.select(is_zero, zero, r)
-        minus_one = ir.Constant(t, -1 & ((1 << t.width) - 1))
+        minus_one = ir.Constant(t, -1 & ((1 << elem(t).width) - 1))
         is_m1 = b.icmp_signed("==", d, minus_one)
         safe = b.select(b.or_(is_zero, is_m1), one, d)  # INT_MIN / -1 would trap: divide by 1 instead
         q, r = b.sdiv(a, safe), b.srem(a, safe)
@@ -312,7 +326,9 @@ class ExprEmitter:
     # -- calls and select -------------------------------------------------------
     def intrinsic(self, name: str, args: list[ir.Value]) -> ir.Value:
         t = args[0].type
-        suffix = "f32" if t == FLOAT else "f64"
+        suffix = "f32" if elem(t) == FLOAT else "f64"
+        if isinstance(t, ir.VectorType):
+            suffix = f"v{t.count}{suffix}"
         fname = f"llvm.{name}.{suffix}"
         fn = self.module.globals.get(fname)
         if fn is None:
@@ -320,6 +336,14 @@ class ExprEmitter:
         return self.builder.call(fn, args)
 
     def libm(self, name: str, arg: ir.Value) -> ir.Value:
+        """A libm call; on a vector, one scalar call per lane (cuvil's vector polynomials come later)."""
+        if isinstance(arg.type, ir.VectorType):
+            b = self.builder
+            out: ir.Value = ir.Constant(arg.type, None)
+            for lane in range(arg.type.count):
+                k = ir.Constant(I32, lane)
+                out = b.insert_element(out, self.libm(name, b.extract_element(arg, k)), k)
+            return out
         fname = _LIBM[name][0 if arg.type == FLOAT else 1]
         fn = self.module.globals.get(fname)
         if fn is None:
@@ -329,7 +353,10 @@ class ExprEmitter:
         return self.builder.call(fn, [arg])
 
     def call(self, e: Call) -> ir.Value:
-        args = [self.expr(a) for a in e.args]
+        return self.math(e, [self.expr(a) for a in e.args])
+
+    def math(self, e: Call, args: list[ir.Value]) -> ir.Value:
+        """The math function ``e.name`` applied to the already evaluated (scalar or vector) ``args``."""
         b = self.builder
         if not all(dt.is_float(a.dtype) for a in e.args):
             raise InternalError(f"internal error in LLVM codegen: {e.name} of non-float {e}")

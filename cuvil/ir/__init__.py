@@ -16,10 +16,11 @@ from cuvil.ir.expr import (
 )
 from cuvil.ir.functor import ExprMutator, collect, free_vars, structural_equal, substitute, walk
 from cuvil.ir.stmt import Allocate, Block, Buffer, For, If, LetStmt, LoweredFunc, Stmt, Store, block
+from cuvil.ir.unroll import unroll_loops
 
 __all__ = [
     "Allocate", "Binary", "Block", "Buffer", "Call", "Cast", "Const", "Expr", "ExprMutator", "For",
     "If", "IterVar", "LetStmt", "Load", "LoweredFunc", "Reduce", "Select", "Stmt", "Store",
     "TensorRead", "Unary", "Var", "block", "collect", "free_vars", "structural_equal",
-    "substitute", "walk",
+    "substitute", "unroll_loops", "walk",
 ]

@@ -110,9 +110,62 @@ def _fold_int(op: str, a: int, b: int, dtype: str) -> int | bool | None:
     return cmp.get(op)
 
 
+Bounds = dict[int, tuple[int, int | None]]  # id(var) -> (lowest, highest or None) of a loop variable
+
+
+def _interval(terms: dict[tuple, tuple[Expr, int]], c: int, bounds: Bounds) -> tuple[int, int] | None:
+    """The range of ``sum(coef * term) + c`` when every term is a bounded loop variable."""
+    lo = hi = c
+    for t, k in terms.values():
+        if k == 0:
+            continue
+        if not isinstance(t, Var) or id(t) not in bounds or bounds[id(t)][1] is None:
+            return None
+        tlo, thi = bounds[id(t)]
+        lo += min(k * tlo, k * thi)  # type: ignore[operator]
+        hi += max(k * tlo, k * thi)  # type: ignore[operator]
+    return lo, hi
+
+
+def _divmod(e: Binary, a: Expr, c: int, bounds: Bounds) -> Expr | None:
+    """``(c * q + r) // c == q + r // c``; ``r // c`` and ``r % c`` fold when r's range is known."""
+    lin = _linear(a)
+    if lin is None:
+        return None
+    quot: dict[tuple, tuple[Expr, int]] = {}
+    rest: dict[tuple, tuple[Expr, int]] = {}
+    for key, (t, k) in lin[0].items():
+        if k % c == 0:
+            quot[key] = (t, k // c)
+        else:
+            rest[key] = (t, k)
+    rng = _interval(rest, lin[1], bounds)
+    if rng is None or rng[0] // c != rng[1] // c:
+        if not quot:
+            return None
+        qpart = _rebuild(quot, 0)
+        r = _rebuild(rest, lin[1])
+        if e.op == "floordiv":
+            return qpart + Binary("int64", "floordiv", r, e.b)
+        return Binary("int64", "floormod", r, e.b)
+    k0 = rng[0] // c
+    if e.op == "floordiv":
+        return _rebuild(quot, k0)
+    return _rebuild(rest, lin[1] - k0 * c)
+
+
 class Simplifier(ExprMutator):
+    def __init__(self, bounds: Bounds | None = None):
+        self.bounds: Bounds = bounds if bounds is not None else {}
+
     def visit_Binary(self, e: Binary) -> Expr:
         a, b = self.visit(e.a), self.visit(e.b)
+        if (e.dtype == "int64" and e.op in ("floordiv", "floormod") and isinstance(b, Const) and b.value > 0
+                and not isinstance(a, Const)):
+            folded = _divmod(e, a, int(b.value), self.bounds)
+            if folded is not None:
+                return self.visit(folded) if not isinstance(folded, Binary) or folded.op not in (
+                    "floordiv", "floormod") else folded
         if isinstance(a, Const) and isinstance(b, Const) and dt.is_int(a.dtype) and dt.is_int(b.dtype):
             v = _fold_int(e.op, int(a.value), int(b.value), e.dtype)
             if v is not None:
@@ -161,45 +214,50 @@ def simplify_expr(e: Expr) -> Expr:
     return Simplifier().visit(e)
 
 
-def simplify_stmt(s: Stmt) -> Stmt | None:
-    """Simplify a statement; None when nothing is left."""
-    simp = Simplifier()
+def simplify_stmt(s: Stmt, bounds: Bounds | None = None) -> Stmt | None:
+    """Simplify a statement; None when nothing is left.  ``bounds`` are the enclosing loops' ranges."""
+    bounds = bounds if bounds is not None else {}
+    simp = Simplifier(bounds)
     if isinstance(s, Store):
         return Store(s.buffer, tuple(simp.visit(i) for i in s.indices), simp.visit(s.value))
     if isinstance(s, For):
         ext = simp.visit(s.extent)
         if isinstance(ext, Const) and ext.value <= 0:
             return None
-        body = simplify_stmt(s.body)
+        lo = simp.visit(s.min)
+        inner = dict(bounds)
+        if isinstance(lo, Const):
+            inner[id(s.var)] = (int(lo.value), int(lo.value) + int(ext.value) - 1 if isinstance(ext, Const) else None)
+        body = simplify_stmt(s.body, inner)
         if body is None:
             return None
         if isinstance(ext, Const) and ext.value == 1 and s.kind == "serial":
-            return simplify_stmt(LetStmt(s.var, s.min, body))
-        return For(s.var, simp.visit(s.min), ext, body, s.kind)
+            return simplify_stmt(LetStmt(s.var, s.min, body), bounds)
+        return For(s.var, lo, ext, body, s.kind)
     if isinstance(s, If):
         c = simp.visit(s.cond)
         if isinstance(c, Const):
             chosen = s.then_body if c.value else s.else_body
-            return None if chosen is None else simplify_stmt(chosen)
-        then = simplify_stmt(s.then_body)
-        other = None if s.else_body is None else simplify_stmt(s.else_body)
+            return None if chosen is None else simplify_stmt(chosen, bounds)
+        then = simplify_stmt(s.then_body, bounds)
+        other = None if s.else_body is None else simplify_stmt(s.else_body, bounds)
         if then is None and other is None:
             return None
         if then is None:
             return If(E.unary("not", c), other)  # type: ignore[arg-type]
         return If(c, then, other)
     if isinstance(s, Block):
-        parts = [simplify_stmt(x) for x in s.stmts]
+        parts = [simplify_stmt(x, bounds) for x in s.stmts]
         kept = [p for p in parts if p is not None]
         return block(kept) if kept else None
     if isinstance(s, LetStmt):
         v = simp.visit(s.value)
         if isinstance(v, (Const, Var)):
-            return simplify_stmt(substitute_stmt(s.body, {s.var: v}))
-        body = simplify_stmt(s.body)
+            return simplify_stmt(substitute_stmt(s.body, {s.var: v}), bounds)
+        body = simplify_stmt(s.body, bounds)
         return None if body is None else LetStmt(s.var, v, body)
     if isinstance(s, Allocate):
-        body = simplify_stmt(s.body)
+        body = simplify_stmt(s.body, bounds)
         return None if body is None else Allocate(s.buffer, body)
     raise TypeError(f"cannot simplify {type(s).__name__}")
 

@@ -288,6 +288,12 @@ class NativeFunction:
             runs.append((time.perf_counter() - t0) / max(1, number))
         return statistics.median(runs)
 
+    def _set_threads(self, n: int) -> None:
+        """Tell the native code to use ``n`` threads (called by :mod:`cuvil.runtime.threads`)."""
+        setter = getattr(self, "_threads_setter", None)
+        if setter is not None:
+            setter(n)
+
     @property
     def name(self) -> str:
         return self.plan.name

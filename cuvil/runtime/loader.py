@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from cuvil.errors import ArgumentError
+from cuvil.runtime import threads
 from cuvil.runtime.call import CFUNC, CallPlan, NativeFunction
 from cuvil.runtime.meta import ABI_VERSION
 
@@ -37,6 +38,9 @@ class LoadedModule(NativeFunction):
             raise ArgumentError(f"{path} uses cuvil ABI {self.meta.get('abi')}, this runtime reads {ABI_VERSION}")
         self.plan = CallPlan(self.meta)
         self._cfunc = CFUNC(ctypes.cast(getattr(self._lib, name), ctypes.c_void_p).value)
+        setter = getattr(self._lib, f"{name}_set_num_threads", None)
+        if setter is not None:
+            threads.register(self, threads.SETTER(ctypes.cast(setter, ctypes.c_void_p).value))
 
     def __repr__(self) -> str:
         return f"<cuvil LoadedModule {self.plan.signature()} from {self.path}>"

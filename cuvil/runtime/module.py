@@ -21,6 +21,7 @@ import tempfile
 from typing import Any
 
 from cuvil.errors import ArgumentError, TargetError
+from cuvil.runtime import threads
 from cuvil.runtime.call import CFUNC, CallPlan, NativeFunction
 from cuvil.runtime.meta import func_meta
 
@@ -55,6 +56,8 @@ class Module(NativeFunction):
 
         from cuvil.codegen import llvm as cg
 
+        if self.uses_threads:
+            threads.load_libgomp()
         # the engine owns the module and the target machine: give it fresh ones
         mod = llvm.parse_assembly(self._ir_opt)
         tm = llvm.Target.from_triple(self.target.triple).create_target_machine(
@@ -65,6 +68,14 @@ class Module(NativeFunction):
         if not addr:
             raise cg.InternalError(f"internal error: JIT did not produce the symbol {self.func.name!r}")
         self._cfunc = CFUNC(addr)
+        setter = self._engine.get_function_address(f"{self.func.name}_set_num_threads")
+        if setter:
+            threads.register(self, threads.SETTER(setter))
+
+    @property
+    def uses_threads(self) -> bool:
+        """True if a parallel loop runs on libgomp (exported libraries then link -lgomp)."""
+        return "@\"GOMP_parallel\"" in self._ir_unopt
 
     def _not_here(self, *_args: Any) -> int:
         raise TargetError(f"{self.func.name} was compiled for {self.target.canonical!r}, which is not this "
@@ -112,15 +123,16 @@ class Module(NativeFunction):
             obj_path = os.path.join(tmp, f"{name}.o")
             with open(obj_path, "wb") as f:
                 f.write(obj)
-            proc = subprocess.run([cc, "-shared", "-o", path, obj_path, "-lm"], capture_output=True, text=True)
+            libs = ["-lm"] + (["-lgomp"] if self.uses_threads else [])
+            proc = subprocess.run([cc, "-shared", "-o", path, obj_path, *libs], capture_output=True, text=True)
             if proc.returncode != 0:
                 raise TargetError(f"linking {path} with {cc} failed:\n{proc.stderr.strip()}")
         with open(os.path.splitext(path)[0] + ".h", "w") as f:
-            f.write(c_header(self.meta))
+            f.write(c_header(self.meta, self.uses_threads))
         return path
 
 
-def c_header(meta: dict[str, Any]) -> str:
+def c_header(meta: dict[str, Any], uses_threads: bool = False) -> str:
     """A C header declaring the entry point and documenting its arguments."""
     name = meta["name"]
     guard = f"CUVIL_{name.upper()}_H"
@@ -143,6 +155,12 @@ def c_header(meta: dict[str, Any]) -> str:
     lines += [
         " * Outputs must not overlap any other argument. */",
         f"int32_t {name}(void **args, int64_t *sizes);", "",
+        f"/* Threads for the parallel loops of {name} from now on; n <= 0 (the default) lets libgomp",
+        " * choose (OMP_NUM_THREADS, else all cores). Each call runs one thread team; calls from",
+        " * several threads at once are safe.",
+        (" * Parallel loops run on libgomp (GCC's OpenMP runtime): the library is linked with -lgomp. */"
+         if uses_threads else f" * ({name} has no parallel loop: this only records n.) */"),
+        f"void {name}_set_num_threads(int32_t n);", "",
         "/* The signature above as JSON (what cuvil.runtime.load reads). */",
         f"const char *cuvil_meta_{name}(void);", "", "#ifdef __cplusplus", "}", "#endif", f"#endif /* {guard} */", "",
     ]

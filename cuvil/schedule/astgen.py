@@ -118,13 +118,11 @@ class AstLowering:
             raise UnsupportedOpError(f"unexpected loop condition from isl: {cond.to_C_str()}")
         ub = self.expr(cond.get_op_arg(1), env)
         count = ub - init + (1 if op == _OP.le else 0)
+        # loops count from 0: the iterator is init + v * inc (offsets of tiles cancel in indices)
         v = Var("int64", name)
-        if inc == 1:
-            return For(v, init, count, self.body(n, {**env, it: v}, it), kind)
-        # strided loop: run a dense counter and bind the iterator
-        t = Var("int64", name + "_t")
-        trips = (count + (inc - 1)) // inc
-        return For(t, E.const(0, "int64"), trips, LetStmt(v, init + t * inc, self.body(n, {**env, it: v}, it)), kind)
+        trips = count if inc == 1 else (count + (inc - 1)) // inc
+        value = simplify_expr(init + v * inc)
+        return For(v, E.const(0, "int64"), simplify_expr(trips), self.body(n, {**env, it: value}, it), kind)
 
     def body(self, n: isl.AstNode, env: dict[str, Expr], it: str) -> Stmt:
         """The loop body; stages stored per iteration of this loop get their local buffers here."""

@@ -1,0 +1,223 @@
+"""Native threads for ``For(kind="parallel")`` loops (a mixin of the LLVM function emitter).
+
+A parallel loop ``parallel for (i = lo; i < lo + E; i++) body`` is outlined
+into two internal functions and launched with libgomp's ``GOMP_parallel``::
+
+    ; in the enclosing function
+    closure = { status*, lo, E, <every buffer pointer and dimension in scope>,
+                <every variable in scope> }            ; a struct on the stack
+    GOMP_parallel(@name.par0, &closure, @name.num_threads, 0)
+    if (status != 0) return 1                          ; a worker's malloc failed
+
+    void name.par0(ptr closure)                        ; run by every thread of the team
+      t = omp_get_thread_num(), n = omp_get_num_threads()
+      chunk = ceil(E / n); start = min(t * chunk, E); end = min(start + chunk, E)
+      if (name.par0.chunk(<closure fields>, start, end) != 0) atomic store 1 -> *status
+
+    i32 name.par0.chunk(ptr noalias A, ..., i64 start, i64 end)
+      <per-thread Allocates>                           ; see below
+      for (c = start; c < end; c++) body with i = lo + c
+
+The chunk function takes the buffers as ``noalias`` pointers (as the main body
+does), so after inlining LLVM keeps the aliasing facts across the closure.
+An ``Allocate`` whose shape does not depend on ``i`` and that wraps the whole
+loop body is hoisted to the chunk: one buffer per thread, not per iteration.
+Other Allocates inside the body are made per iteration, inside the thread.
+Stack buffers inside a parallel body are limited to ``PARALLEL_STACK_LIMIT``
+bytes (worker threads have small stacks); larger ones go to the heap.
+
+The thread count is the module global ``@"<name>.num_threads"`` (0: libgomp
+chooses: ``OMP_NUM_THREADS`` or all cores), set through the exported
+``void <name>_set_num_threads(int32_t n)``; ``cuvil.runtime.threads`` calls it.
+A parallel loop inside another parallel loop is an internal error: the
+schedule refuses nested parallelism.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+
+from cuvil import dtype as dt
+from cuvil.codegen.llvm_expr import I32, I64, PTR, InternalError, reg_type
+from cuvil.ir.expr import Expr, Var
+from cuvil.ir.functor import walk
+from cuvil.ir.stmt import Allocate, For
+
+PARALLEL_STACK_LIMIT = 16 * 1024  # bytes of one stack Allocate inside a parallel body
+
+
+def _uses(e: Expr, var: Var) -> bool:
+    return any(n is var for n in walk(e))
+
+
+class ParallelLoops:
+    """Mixin of the LLVM function emitter: ``parallel_loop(s)`` outlines and launches a parallel loop."""
+
+    module: ir.Module
+    func: Any
+    builder: ir.IRBuilder
+    entry: ir.Block
+    fail_bb: ir.Block
+    env: dict[Var, ir.Value]
+    buffers: dict[Any, tuple[ir.Value, list[ir.Value]]]
+    in_parallel: bool
+    stack_limit: int
+    n_parallel: int
+
+    cast: Any
+
+    def num_threads_global(self) -> ir.GlobalVariable:
+        """``@"<name>.num_threads"`` (0 = libgomp's default) and its setter ``<name>_set_num_threads``."""
+        name = f"{self.func.name}.num_threads"
+        g = self.module.globals.get(name)
+        if g is None:
+            g = ir.GlobalVariable(self.module, I32, name)
+            g.linkage = "internal"
+            g.initializer = ir.Constant(I32, 0)
+            setter = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [I32]),
+                                 f"{self.func.name}_set_num_threads")
+            setter.attributes.add("nounwind")
+            b = ir.IRBuilder(setter.append_basic_block("entry"))
+            n = setter.args[0]
+            b.store(b.select(b.icmp_signed("<", n, ir.Constant(I32, 0)), ir.Constant(I32, 0), n), g)
+            b.ret_void()
+        return g
+
+    def parallel_loop(self, s: For) -> None:
+        if self.in_parallel:
+            raise InternalError(
+                f"internal error in LLVM codegen: parallel loop '{s.var.name}' is nested in another parallel "
+                "loop; the schedule must refuse nested parallelism"
+            )
+        b = self.builder
+        t = reg_type(s.var.dtype)
+        signed = dt.is_signed(s.var.dtype)
+        lo = self.cast(self.expr(s.min), s.min.dtype, s.var.dtype)
+        ext = self.cast(self.expr(s.extent), s.extent.dtype, s.var.dtype)
+        ext64 = b.sext(ext, I64) if signed and t.width < 64 else (b.zext(ext, I64) if t.width < 64 else ext)
+        # the closure: status pointer, lo, extent, then every buffer and variable in scope
+        bufs = list(self.buffers.items())
+        envs = list(self.env.items())
+        fields: list[ir.Value] = [lo, ext64]
+        for _buf, (ptr, dims) in bufs:  # constants stay constants in the chunk (alias analysis needs them)
+            fields += [ptr, *(d for d in dims if not isinstance(d, ir.Constant))]
+        fields += [v for _var, v in envs if not isinstance(v, ir.Constant)]
+        struct = ir.LiteralStructType([PTR] + [f.type for f in fields])
+        idx = self.n_parallel
+        self.n_parallel += 1
+        with b.goto_block(self.entry):
+            b.position_at_start(self.entry)
+            closure = b.alloca(struct, name=f"par{idx}.closure")
+            status = b.alloca(I32, name=f"par{idx}.status")
+        closure.type = status.type = PTR  # opaque pointers (llvmlite types allocas; LLVM has only ptr)
+        b.store(ir.Constant(I32, 0), status)
+        for k, v in enumerate([status, *fields]):
+            b.store(v, b.gep(closure, [ir.Constant(I32, 0), ir.Constant(I32, k)], inbounds=True,
+                             source_etype=struct))
+        chunk_fn = self._chunk_function(s, idx, t, signed, bufs, envs)
+        worker = self._worker_function(idx, struct, chunk_fn)
+        run_bb, after_bb = b.append_basic_block(f"par{idx}.run"), b.append_basic_block(f"par{idx}.after")
+        b.cbranch(b.icmp_signed(">", ext64, ir.Constant(I64, 0)), run_bb, after_bb)
+        b.position_at_end(run_bb)
+        gomp = self.libc("GOMP_parallel", ir.VoidType(), [PTR, PTR, I32, I32])
+        b.call(gomp, [worker, closure, b.load(self.num_threads_global(), typ=I32), ir.Constant(I32, 0)])
+        ok_bb = b.append_basic_block(f"par{idx}.ok")
+        b.cbranch(b.icmp_signed("!=", b.load(status, typ=I32), ir.Constant(I32, 0)), self.fail_bb, ok_bb)
+        b.position_at_end(ok_bb)
+        b.branch(after_bb)
+        b.position_at_end(after_bb)
+
+    def _worker_function(self, idx: int, struct: ir.LiteralStructType, chunk_fn: ir.Function) -> ir.Function:
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]), f"{self.func.name}.par{idx}")
+        fn.linkage = "internal"
+        fn.attributes.add("nounwind")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        closure = fn.args[0]
+        vals = [b.load(b.gep(closure, [ir.Constant(I32, 0), ir.Constant(I32, k)], inbounds=True,
+                             source_etype=struct), typ=ty) for k, ty in enumerate(struct.elements)]
+        status, ext = vals[0], vals[2]
+        tid = b.sext(b.call(self.libc("omp_get_thread_num", I32, []), []), I64)
+        nth = b.sext(b.call(self.libc("omp_get_num_threads", I32, []), []), I64)
+        chunk = b.sdiv(b.add(ext, b.sub(nth, ir.Constant(I64, 1))), nth)
+        start = b.mul(tid, chunk)
+        start = b.select(b.icmp_signed("<", start, ext), start, ext)
+        end = b.add(start, chunk)
+        end = b.select(b.icmp_signed("<", end, ext), end, ext)
+        rc = b.call(chunk_fn, [vals[1], *vals[3:], start, end])
+        with b.if_then(b.icmp_signed("!=", rc, ir.Constant(I32, 0))):
+            b.atomic_rmw("or", status, ir.Constant(I32, 1), "monotonic")
+        b.ret_void()
+        return fn
+
+    def _chunk_function(self, s: For, idx: int, t: ir.IntType, signed: bool,
+                        bufs: list[tuple[Any, tuple[ir.Value, list[ir.Value]]]],
+                        envs: list[tuple[Var, ir.Value]]) -> ir.Function:
+        types: list[ir.Type] = [t]
+        for _buf, (_ptr, dims) in bufs:
+            types += [PTR] + [d.type for d in dims if not isinstance(d, ir.Constant)]
+        types += [v.type for _var, v in envs if not isinstance(v, ir.Constant)]
+        fn = ir.Function(self.module, ir.FunctionType(I32, types + [I64, I64]), f"{self.func.name}.par{idx}.chunk")
+        fn.linkage = "internal"
+        fn.attributes.add("nounwind")
+        args = list(fn.args)
+        saved = (self.builder, self.entry, self.fail_bb, self.env, self.buffers, self.in_parallel,
+                 self.stack_limit)
+        try:
+            self.entry = fn.append_basic_block("entry")
+            self.builder = ir.IRBuilder(self.entry)
+            self.fail_bb = fn.append_basic_block("out_of_memory")
+            ir.IRBuilder(self.fail_bb).ret(ir.Constant(I32, 1))
+            self.in_parallel = True
+            self.stack_limit = min(self.stack_limit, PARALLEL_STACK_LIMIT)
+            lo = args[0]
+            pos = 1
+            self.buffers = {}
+            for buf, (_ptr, dims) in bufs:
+                args[pos].add_attribute("noalias")
+                args[pos].name = buf.name
+                ptr, pos = args[pos], pos + 1
+                inner_dims = []
+                for d in dims:
+                    if isinstance(d, ir.Constant):
+                        inner_dims.append(d)
+                    else:
+                        inner_dims.append(args[pos])
+                        pos += 1
+                self.buffers[buf] = (ptr, inner_dims)
+            self.env = {}
+            for var, v in envs:
+                if isinstance(v, ir.Constant):
+                    self.env[var] = v
+                else:
+                    args[pos].name = var.name
+                    self.env[var] = args[pos]
+                    pos += 1
+            start, end = args[pos], args[pos + 1]
+
+            def body(c: ir.Value) -> None:
+                ci = c if t.width == 64 else self.builder.trunc(c, t)
+                self.env[s.var] = self.builder.add(lo, ci)
+                self.stmt(inner)
+                del self.env[s.var]
+
+            # Allocates around the whole body with a shape free of the loop variable: one per thread
+            hoisted = []
+            inner = s.body
+            while isinstance(inner, Allocate) and not any(_uses(d, s.var) for d in inner.buffer.shape):
+                hoisted.append(inner.buffer)
+                inner = inner.body
+
+            def run(k: int) -> None:
+                if k < len(hoisted):
+                    self.allocate_buffer(hoisted[k], lambda: run(k + 1))
+                else:
+                    self.counted_loop(f"{s.var.name}.chunk", I64, start, end, 1, True, body)
+
+            run(0)
+            self.builder.ret(ir.Constant(I32, 0))
+        finally:
+            (self.builder, self.entry, self.fail_bb, self.env, self.buffers, self.in_parallel,
+             self.stack_limit) = saved
+        return fn

@@ -1,0 +1,440 @@
+"""Explicit SIMD for ``For(kind="vectorize")`` loops (a mixin of the LLVM function emitter).
+
+A vectorised loop ``for (j = lo; j < lo + E; j++) body`` becomes::
+
+    for (c = 0; c < E - E % V; c += V)     // vector part: V lanes, j = <lo+c, lo+c+1, ...>
+      body, lane-wise, statement by statement
+    for (c = E - E % V; c < E; c++)        // scalar epilogue (absent when V divides a constant E)
+      body with j = lo + c
+
+``V`` is the lane count: for a non-constant extent, one SIMD register of the
+widest element type the body loads or stores (:func:`simd_bits` bits); for a
+constant extent ``E``, the largest power of two <= ``E`` and <= ``MAX_REGS``
+registers (LLVM splits a wide vector into registers, which gives a register
+block for free: a 64-float row is 8 ymm accumulators).
+
+Inside the vector part every expression is evaluated once for all lanes, with
+the same semantics as the scalar path (the scalar emitter's operators accept
+vectors).  A value is kept as cheaply as possible (:class:`Lanes`): *uniform*
+(one scalar for all lanes), *affine* (an integer ``base + stride * lane``:
+the loop variable and index arithmetic on it) or a *vector*.  Memory:
+
+- a Load/Store whose flattened index is affine with stride 1 is one
+  (unaligned: ``align`` = element size) vector load/store;
+- a uniform index is a scalar load (then broadcast when combined with
+  vectors); a Store to a uniform index stores the last lane's value;
+- any other index is a gather/scatter of per-lane scalar loads/stores, in
+  lane order;
+- float16 is ``<V x half>`` in memory and ``<V x float>`` in registers, bool
+  ``<V x i8>`` / ``<V x i1>``.
+
+A ``Select`` whose condition varies across lanes and whose sides read memory
+is evaluated per lane with the scalar (branching) code, so the unchosen side
+never reads out of bounds; with a uniform condition it branches once for all
+lanes.  Integer ``//``/``%`` cannot trap (zero and -1 divisors are replaced
+before dividing) and is evaluated lane-wise.  ``exp log pow sqrt floor ceil
+round trunc abs`` are LLVM vector intrinsics (LLVM expands the first three
+into per-lane libm calls), ``tanh``/``erf`` per-lane libm calls.
+
+The body may contain Stores, Blocks, and Ifs and LetStmts whose condition or
+value does not depend on the loop variable.  Anything else (a nested loop, an
+Allocate, an If or LetStmt that depends on the lane) makes the loop a serial
+loop with ``llvm.loop.vectorize.enable`` metadata and a comment in the LLVM
+IR saying why (``; cuvil: vectorize loop 'j' stays serial: ...``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+
+from cuvil import dtype as dt
+from cuvil.codegen.llvm_expr import I32, I64, InternalError, mem_type, reg_type
+from cuvil.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
+from cuvil.ir.functor import children, walk
+from cuvil.ir.stmt import Block, For, If, LetStmt, Stmt, Store
+
+# Width of the vectors cuvil emits on x86 with AVX-512: 512 measured faster than 256 for the
+# register-blocked matmul micro-kernel on emeraldrapids (benchmarks/simd_kernel.py), so no cap.
+PREFERRED_BITS = 512
+MAX_REGS = 8  # a constant-extent vector loop uses vectors of up to this many registers
+
+
+def simd_bits(target: Any) -> int:
+    """The vector register width cuvil generates code for on ``target`` (0: no SIMD)."""
+    return min(target.vector_bits, PREFERRED_BITS)
+
+
+class Lanes:
+    """A value in a vector body: ``stride`` None -> ``value`` is a vector; an int -> ``value`` is a
+    scalar and lane ``l`` holds ``value + stride * l`` (stride 0: the same value in every lane)."""
+
+    __slots__ = ("value", "stride")
+
+    def __init__(self, value: ir.Value, stride: int | None):
+        self.value = value
+        self.stride = stride
+
+
+def vector_obstacle(s: Stmt, var: Var) -> str | None:
+    """Why ``s`` cannot be emitted as vector code over ``var``, or None when it can."""
+    if isinstance(s, Store):
+        return None
+    if isinstance(s, Block):
+        for x in s.stmts:
+            why = vector_obstacle(x, var)
+            if why:
+                return why
+        return None
+    if isinstance(s, If):
+        if uses(s.cond, var):
+            return "an If whose condition depends on the loop variable"
+        return vector_obstacle(s.then_body, var) or (
+            None if s.else_body is None else vector_obstacle(s.else_body, var))
+    if isinstance(s, LetStmt):
+        if uses(s.value, var):
+            return f"a LetStmt ({s.var.name}) whose value depends on the loop variable"
+        return vector_obstacle(s.body, var)
+    if isinstance(s, For):
+        return f"a nested loop ({s.var.name})"
+    return f"a {type(s).__name__}"
+
+
+def uses(e: Expr, var: Var) -> bool:
+    return any(n is var for n in walk(e))
+
+
+def _reads_memory(e: Expr) -> bool:
+    return any(isinstance(n, Load) for n in walk(e))
+
+
+def _elem_bits(s: Stmt) -> int:
+    """Bits of the widest element (in registers) that ``s`` loads or stores; 32 when none."""
+    bits = 0
+
+    def see(dtype: str) -> None:
+        nonlocal bits
+        bits = max(bits, 32 if dtype == "float16" else dt.bits(dtype))
+
+    def visit_expr(e: Expr) -> None:
+        for n in walk(e):
+            if isinstance(n, Load):
+                see(n.buffer.dtype)
+
+    def visit(x: Stmt) -> None:
+        if isinstance(x, Store):
+            see(x.buffer.dtype)
+            visit_expr(x.value)
+            for i in x.indices:
+                visit_expr(i)
+        elif isinstance(x, Block):
+            for y in x.stmts:
+                visit(y)
+        elif isinstance(x, If):
+            visit(x.then_body)
+            if x.else_body is not None:
+                visit(x.else_body)
+        elif isinstance(x, LetStmt):
+            visit(x.body)
+
+    visit(s)
+    return bits or 32
+
+
+def _signed(v: int, width: int) -> int:
+    v &= (1 << width) - 1
+    return v - (1 << width) if v >> (width - 1) else v
+
+
+class VectorLoops:
+    """Mixin of the LLVM function emitter: ``vector_loop(s)`` emits a vectorize loop."""
+
+    builder: ir.IRBuilder
+    env: dict[Var, ir.Value]
+    buffers: dict[Any, tuple[ir.Value, list[ir.Value]]]
+    target: Any
+
+    cast: Any
+    binary: Any
+    unary: Any
+    math: Any
+    to_memory: Any
+    to_i64: Any
+
+    def vector_loop(self, s: For) -> None:
+        why = vector_obstacle(s.body, s.var)
+        ext_const = int(s.extent.value) if isinstance(s.extent, Const) else None
+        native = max(1, simd_bits(self.target) // _elem_bits(s.body))
+        if ext_const is None:
+            lanes = native
+        else:
+            lanes = 1
+            while lanes * 2 <= min(ext_const, native * MAX_REGS):
+                lanes *= 2
+        if why is not None:
+            why = f"its body contains {why}"
+        elif lanes < 2:
+            why = "fewer than 2 iterations or no SIMD on this target"
+        if why is not None:
+            self.builder.comment(f"cuvil: vectorize loop '{s.var.name}' stays serial: {why}")
+            self.serial_loop(s)
+            return
+        b = self.builder
+        t = reg_type(s.var.dtype)
+        signed = dt.is_signed(s.var.dtype)
+        lo = self.cast(self.expr(s.min), s.min.dtype, s.var.dtype)
+        ext = self.cast(self.expr(s.extent), s.extent.dtype, s.var.dtype)
+        if ext_const is not None:
+            n_vec: ir.Value = ir.Constant(t, ext_const // lanes * lanes)
+            has_tail = ext_const % lanes != 0
+        else:
+            if signed:
+                ext = b.select(b.icmp_signed("<", ext, ir.Constant(t, 0)), ir.Constant(t, 0), ext)
+            n_vec = b.and_(ext, ir.Constant(t, -lanes & ((1 << t.width) - 1)))
+            has_tail = True
+
+        def vector_body(c: ir.Value) -> None:
+            self.vector_stmt(s.body, s.var, self.builder.add(lo, c), lanes)
+
+        def scalar_body(c: ir.Value) -> None:
+            self.env[s.var] = self.builder.add(lo, c)
+            self.stmt(s.body)
+            del self.env[s.var]
+
+        if ext_const is not None and ext_const // lanes == 1:
+            vector_body(ir.Constant(t, 0))
+        else:
+            self.counted_loop(f"{s.var.name}.vec", t, ir.Constant(t, 0), n_vec, lanes, signed, vector_body)
+        if has_tail:
+            self.counted_loop(f"{s.var.name}.tail", t, n_vec, ext, 1, signed, scalar_body)
+
+    # -- statements in a vector body --------------------------------------------------------
+    def vector_stmt(self, s: Stmt, var: Var, base: ir.Value, lanes: int) -> None:
+        saved = getattr(self, "_vec", None)
+        self._vec = (var, base, lanes, {})
+        try:
+            self._vstmt(s)
+        finally:
+            self._vec = saved
+
+    def _vstmt(self, s: Stmt) -> None:
+        b = self.builder
+        if isinstance(s, Block):
+            for x in s.stmts:
+                self._vstmt(x)
+        elif isinstance(s, Store):
+            self._vstore(s)
+        elif isinstance(s, If):
+            cond = self.expr(s.cond)
+            if s.else_body is None:
+                with b.if_then(cond):
+                    self._vstmt(s.then_body)
+            else:
+                with b.if_else(cond) as (then, otherwise):
+                    with then:
+                        self._vstmt(s.then_body)
+                    with otherwise:
+                        self._vstmt(s.else_body)
+        elif isinstance(s, LetStmt):
+            self.env[s.var] = self.expr(s.value)
+            self._vstmt(s.body)
+            del self.env[s.var]
+        else:
+            raise InternalError(f"internal error in LLVM codegen: {type(s).__name__} in a vector body")
+
+    def _vstore(self, s: Store) -> None:
+        if s.value.dtype != s.buffer.dtype:
+            raise InternalError(f"internal error in LLVM codegen: storing a {s.value.dtype} value into "
+                                f"{s.buffer.name}: {s.buffer.dtype} needs a Cast")
+        b = self.builder
+        _, _, lanes, _ = self._vec
+        val = self.vexpr(s.value)
+        ptr, flat = self._vflat(s.buffer, s.indices)
+        mt = mem_type(s.buffer.dtype)
+        if flat.stride == 0:  # every lane writes one element: the last lane's value stays
+            v = val.value if val.stride == 0 else b.extract_element(self.vec(val), ir.Constant(I32, lanes - 1))
+            b.store(self.to_memory(v, s.buffer.dtype), b.gep(ptr, [flat.value], inbounds=True, source_etype=mt))
+            return
+        data = self.to_memory(self.vec(val), s.buffer.dtype)
+        if flat.stride == 1:
+            st = b.store(data, b.gep(ptr, [flat.value], inbounds=True, source_etype=mt))
+            st.align = dt.nbytes(s.buffer.dtype)
+            return
+        idx = self.vec(flat)
+        for lane in range(lanes):  # scatter, in lane order
+            k = ir.Constant(I32, lane)
+            addr = b.gep(ptr, [b.extract_element(idx, k)], inbounds=True, source_etype=mt)
+            b.store(b.extract_element(data, k), addr)
+
+    # -- expressions --------------------------------------------------------------------
+    def varying(self, e: Expr) -> bool:
+        var, _, _, memo = self._vec
+        key = id(e)
+        if key not in memo:
+            memo[key] = e is var or any(self.varying(c) for c in children(e))
+        return memo[key]
+
+    def vexpr(self, e: Expr) -> Lanes:
+        if not self.varying(e):
+            return Lanes(self.expr(e), 0)
+        var, base, lanes, _ = self._vec
+        b = self.builder
+        if isinstance(e, Var):
+            return Lanes(base, 1)
+        if isinstance(e, Cast):
+            x = self.vexpr(e.value)
+            src, dst = e.value.dtype, e.dtype
+            if x.stride is not None and dt.is_int(src) and dt.is_int(dst) and dt.bits(src) == dt.bits(dst):
+                return x
+            return Lanes(self.cast(self.vec(x), src, dst), None)
+        if isinstance(e, Binary):
+            x, y = self.vexpr(e.a), self.vexpr(e.b)
+            if dt.is_int(e.dtype) and x.stride is not None and y.stride is not None:
+                w = reg_type(e.dtype).width
+                if e.op in ("add", "sub"):
+                    op = b.add if e.op == "add" else b.sub
+                    stride = x.stride + y.stride if e.op == "add" else x.stride - y.stride
+                    return Lanes(op(x.value, y.value), _signed(stride, w))
+                if e.op == "mul":
+                    for p, q in ((x, y), (y, x)):
+                        if q.stride == 0 and isinstance(q.value, ir.Constant):
+                            return Lanes(b.mul(p.value, q.value), _signed(p.stride * int(q.value.constant), w))
+            return Lanes(self.binary(e.op, self.vec(x), self.vec(y), e.a.dtype), None)
+        if isinstance(e, Unary):
+            return Lanes(self.unary(e.op, self.vec(self.vexpr(e.a)), e.dtype), None)
+        if isinstance(e, Call):
+            return Lanes(self.math(e, [self.vec(self.vexpr(a)) for a in e.args]), None)
+        if isinstance(e, Select):
+            return self._vselect(e)
+        if isinstance(e, Load):
+            return self._vload(e)
+        raise InternalError(f"internal error in LLVM codegen: cannot vectorise {e!r}")
+
+    def vec(self, x: Lanes) -> ir.Value:
+        """``x`` as a vector value."""
+        if x.stride is None:
+            return x.value
+        _, _, lanes, _ = self._vec
+        b = self.builder
+        vt = ir.VectorType(x.value.type, lanes)
+        one = b.insert_element(ir.Constant(vt, ir.Undefined), x.value, ir.Constant(I32, 0))
+        splat = b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), 0))
+        if x.stride == 0:
+            return splat
+        mask = (1 << x.value.type.width) - 1
+        return b.add(splat, ir.Constant(vt, [(x.stride * lane) & mask for lane in range(lanes)]))
+
+    def _per_lane(self, e: Expr) -> Lanes:
+        """``e`` evaluated lane by lane with the scalar code (which branches where it must)."""
+        var, base, lanes, _ = self._vec
+        b = self.builder
+        out: ir.Value = ir.Constant(ir.VectorType(reg_type(e.dtype), lanes), ir.Undefined)
+        self._vec = None  # scalar code from here: the loop variable is a scalar per lane
+        try:
+            for lane in range(lanes):
+                self.env[var] = b.add(base, ir.Constant(base.type, lane))
+                out = b.insert_element(out, self.expr(e), ir.Constant(I32, lane))
+        finally:
+            self.env.pop(var, None)
+            self._vec = (var, base, lanes, {})
+        return Lanes(out, None)
+
+    def _vselect(self, e: Select) -> Lanes:
+        b = self.builder
+        lazy = _reads_memory(e.t) or _reads_memory(e.f)
+        cond = self.vexpr(e.cond)
+        if cond.stride is not None and lazy:  # one condition for all lanes: branch once
+            fn = b.function
+            then_bb, else_bb, merge_bb = (fn.append_basic_block(f"vsel.{n}") for n in ("t", "f", "end"))
+            b.cbranch(cond.value, then_bb, else_bb)
+            b.position_at_end(then_bb)
+            tv = self.vec(self.vexpr(e.t))
+            t_end = b.block
+            b.branch(merge_bb)
+            b.position_at_end(else_bb)
+            fv = self.vec(self.vexpr(e.f))
+            f_end = b.block
+            b.branch(merge_bb)
+            b.position_at_end(merge_bb)
+            phi = b.phi(tv.type)
+            phi.add_incoming(tv, t_end)
+            phi.add_incoming(fv, f_end)
+            return Lanes(phi, None)
+        if lazy:
+            return self._per_lane(e)
+        return Lanes(b.select(cond.value, self.vec(self.vexpr(e.t)), self.vec(self.vexpr(e.f))), None)
+
+    def _vflat(self, buffer: Any, indices: tuple[Expr, ...]) -> tuple[ir.Value, Lanes]:
+        """The buffer's pointer and the row-major flat index (int64 lanes) of ``indices``."""
+        if buffer not in self.buffers:
+            raise InternalError(f"internal error in LLVM codegen: buffer {buffer.name!r} is not allocated here")
+        ptr, dims = self.buffers[buffer]
+        if len(indices) != len(dims):
+            raise InternalError(
+                f"internal error in LLVM codegen: {buffer.name} has {len(dims)} dims, indexed with {len(indices)}"
+            )
+        b = self.builder
+        flat: Lanes | None = None
+        for idx, dim in zip(indices, dims):
+            i = self._vindex(idx)
+            if flat is None:
+                flat = i
+                continue
+            if flat.stride is not None and isinstance(dim, ir.Constant):
+                flat = Lanes(b.mul(flat.value, dim, flags=("nsw",)), _signed(flat.stride * int(dim.constant), 64))
+            elif flat.stride == 0:
+                flat = Lanes(b.mul(flat.value, dim, flags=("nsw",)), 0)
+            else:
+                flat = Lanes(b.mul(self.vec(flat), self.vec(Lanes(dim, 0)), flags=("nsw",)), None)
+            if flat.stride is not None and i.stride is not None:
+                flat = Lanes(b.add(flat.value, i.value, flags=("nsw",)), _signed(flat.stride + i.stride, 64))
+            else:
+                flat = Lanes(b.add(self.vec(flat), self.vec(i), flags=("nsw",)), None)
+        assert flat is not None
+        return ptr, flat
+
+    def _vindex(self, idx: Expr) -> Lanes:
+        x = self.vexpr(idx)
+        if not dt.is_int(idx.dtype):
+            raise InternalError(f"internal error in LLVM codegen: index of dtype {idx.dtype} is not an integer")
+        if dt.bits(idx.dtype) == 64:
+            return x
+        if x.stride == 0:
+            return Lanes(self.to_i64(x.value, idx.dtype), 0)
+        v = self.vec(x)
+        i64 = ir.VectorType(I64, v.type.count)
+        signed = dt.is_signed(idx.dtype)
+        return Lanes(self.builder.sext(v, i64) if signed else self.builder.zext(v, i64), None)
+
+    def _vload(self, e: Load) -> Lanes:
+        if e.dtype != e.buffer.dtype:
+            raise InternalError(f"internal error in LLVM codegen: {e} has dtype {e.dtype}, its buffer {e.buffer.dtype}")
+        b = self.builder
+        _, _, lanes, _ = self._vec
+        ptr, flat = self._vflat(e.buffer, e.indices)
+        mt = mem_type(e.dtype)
+        if flat.stride == 0:
+            v = b.load(b.gep(ptr, [flat.value], inbounds=True, source_etype=mt), typ=mt)
+            return Lanes(self._from_memory(v, e.dtype), 0)
+        vt = ir.VectorType(mt, lanes)
+        if flat.stride == 1:
+            v = b.load(b.gep(ptr, [flat.value], inbounds=True, source_etype=mt), typ=vt)
+            v.align = dt.nbytes(e.dtype)
+        else:  # gather: one scalar load per lane
+            idx = self.vec(flat)
+            v = ir.Constant(vt, ir.Undefined)
+            for lane in range(lanes):
+                k = ir.Constant(I32, lane)
+                x = b.load(b.gep(ptr, [b.extract_element(idx, k)], inbounds=True, source_etype=mt), typ=mt)
+                v = b.insert_element(v, x, k)
+        return Lanes(self._from_memory(v, e.dtype), None)
+
+    def _from_memory(self, v: ir.Value, dtype: str) -> ir.Value:
+        b = self.builder
+        if dtype == "float16":
+            return b.fpext(v, ir.VectorType(ir.FloatType(), v.type.count) if isinstance(v.type, ir.VectorType)
+                           else ir.FloatType())
+        if dtype == "bool":
+            return b.icmp_unsigned("!=", v, ir.Constant(v.type, 0))
+        return v

@@ -1,0 +1,71 @@
+"""Unroll ``For(kind="unroll")`` loops in the loop IR (a pure pass).
+
+A loop marked ``unroll`` whose extent is a constant (after simplification) of
+at most :data:`MAX_UNROLL` iterations becomes its body repeated, with the loop
+variable replaced by ``min + t`` in the t-th copy; inner loops are unrolled
+first, so nested unroll loops become one straight block::
+
+    for (i = 0; i < N; i++) {                  for (i = 0; i < N; i++) {
+      unroll for (u = 0; u < 3; u++) {           C[i, 0] = A[i, 0] * 2.0f;
+        C[i, u] = A[i, u] * 2.0f;        ->      C[i, 1] = A[i, 1] * 2.0f;
+      }                                          C[i, 2] = A[i, 2] * 2.0f;
+    }                                          }
+
+An unroll loop with a non-constant extent (``unroll for (u = 0; u < M; u++)``),
+or with more than ``MAX_UNROLL`` iterations, stays a loop of kind
+``"unroll"``: the LLVM backend emits it as a serial loop carrying
+``llvm.loop.unroll.enable`` metadata, and LLVM decides how far to unroll it.
+"""
+
+from __future__ import annotations
+
+from cuvil.ir import expr as E
+from cuvil.ir.expr import Const
+from cuvil.ir.simplify import simplify_expr, simplify_stmt, substitute_stmt
+from cuvil.ir.stmt import Allocate, Block, For, If, LetStmt, LoweredFunc, Stmt, Store, block
+
+MAX_UNROLL = 256  # iterations; a longer constant loop keeps LLVM unroll metadata instead
+
+
+def unroll_loops(func: LoweredFunc) -> LoweredFunc:
+    """``func`` with every constant-extent ``unroll`` loop replaced by copies of its body."""
+    body = _unroll(func.body)
+    if body is func.body:
+        return func
+    return LoweredFunc(func.name, func.params, body, func.size_vars, func.outputs)
+
+
+def _unroll(s: Stmt) -> Stmt:
+    if isinstance(s, Store):
+        return s
+    if isinstance(s, Block):
+        parts = [_unroll(x) for x in s.stmts]
+        return s if all(p is x for p, x in zip(parts, s.stmts)) else block(parts)
+    if isinstance(s, If):
+        then = _unroll(s.then_body)
+        other = None if s.else_body is None else _unroll(s.else_body)
+        return s if (then is s.then_body and other is s.else_body) else If(s.cond, then, other)
+    if isinstance(s, LetStmt):
+        body = _unroll(s.body)
+        return s if body is s.body else LetStmt(s.var, s.value, body)
+    if isinstance(s, Allocate):
+        body = _unroll(s.body)
+        return s if body is s.body else Allocate(s.buffer, body)
+    if isinstance(s, For):
+        body = _unroll(s.body)
+        ext = simplify_expr(s.extent)
+        if s.kind == "unroll" and isinstance(ext, Const) and int(ext.value) <= MAX_UNROLL:
+            return _expand(s, body, int(ext.value))
+        return s if body is s.body else For(s.var, s.min, s.extent, body, s.kind)
+    raise TypeError(f"unroll_loops: unknown statement {type(s).__name__}")
+
+
+def _expand(s: For, body: Stmt, trips: int) -> Stmt:
+    copies: list[Stmt] = []
+    for t in range(max(trips, 0)):
+        value = simplify_expr(s.min + E.const(t, s.var.dtype)) if s.min.dtype == s.var.dtype else \
+            simplify_expr(E.Cast(s.var.dtype, s.min) + E.const(t, s.var.dtype))
+        copy = simplify_stmt(substitute_stmt(body, {s.var: value}))
+        if copy is not None:
+            copies.append(copy)
+    return block(copies) if copies else Block(())
