@@ -103,8 +103,9 @@ def check_schedule(sched: Any, step: Any = None, live_out: list[Any] | None = No
             raise ScheduleError(
                 f"{what} would change the results: under it some values would be read from the wrong "
                 f"write. Pairs [writer -> reader] -> element that the te order does not have:\n  "
-                f"{_short(wrong)}\nThe te order's dependences are in s.dependences(); keep each writer "
-                "before its readers (compute producers before the loop that reads them)."
+                f"{_short(wrong)}\nThe te order's dependences are in s.dependences(). Keep each writer before "
+                "its readers (compute producers before the loop that reads them), and keep the loops of one "
+                "reduction in their order (changing it would reassociate the sum; rfactor makes that explicit)."
             )
         missing = flow.get_may_no_source().apply_domain(ev_inst).subtract(ref.no_source)
         if not missing.is_empty():
