@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCHMARKS = ["naive_c.py", "call_overhead.py"]
+BENCHMARKS = ["naive_c.py", "call_overhead.py", "matmul_schedule.py", "simd_kernel.py"]
 
 if __name__ == "__main__":
     status = 0

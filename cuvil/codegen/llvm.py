@@ -191,7 +191,9 @@ class _FuncEmitter(VectorLoops, ParallelLoops, ExprEmitter):
         b.branch(head)
         b.position_at_end(done)
 
-    def serial_loop(self, s: For) -> None:
+    def serial_loop(self, s: For, kind: str | None = None) -> None:
+        """A counted loop; ``kind`` (default the loop's) picks the LLVM loop metadata."""
+        kind = kind or s.kind
         b = self.builder
         t = reg_type(s.var.dtype)
         lo = self.cast(self.expr(s.min), s.min.dtype, s.var.dtype)
@@ -212,8 +214,8 @@ class _FuncEmitter(VectorLoops, ParallelLoops, ExprEmitter):
         nxt = b.add(i, ir.Constant(t, 1), flags=("nsw",) if not s.var.dtype.startswith("uint") else ())
         i.add_incoming(nxt, b.block)
         latch = b.branch(head)
-        if _LOOP_MD[s.kind]:
-            latch.set_metadata("llvm.loop", self.loop_id(s.kind))
+        if _LOOP_MD[kind]:
+            latch.set_metadata("llvm.loop", self.loop_id(kind))
         b.position_at_end(done)
 
     def loop_id(self, kind: str) -> ir.MDValue:

@@ -39,8 +39,8 @@ into per-lane libm calls), ``tanh``/``erf`` per-lane libm calls.
 The body may contain Stores, Blocks, and Ifs and LetStmts whose condition or
 value does not depend on the loop variable.  Anything else (a nested loop, an
 Allocate, an If or LetStmt that depends on the lane) makes the loop a serial
-loop with ``llvm.loop.vectorize.enable`` metadata and a comment in the LLVM
-IR saying why (``; cuvil: vectorize loop 'j' stays serial: ...``).
+loop (no vectorize metadata: LLVM could not do better and would print warnings)
+and a comment in the LLVM IR saying why (``; cuvil: vectorize loop 'j' stays serial: ...``).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ class VectorLoops:
             why = "fewer than 2 iterations or no SIMD on this target"
         if why is not None:
             self.builder.comment(f"cuvil: vectorize loop '{s.var.name}' stays serial: {why}")
-            self.serial_loop(s)
+            self.serial_loop(s, "serial")  # no vectorize metadata: LLVM would only warn that it cannot
             return
         b = self.builder
         t = reg_type(s.var.dtype)
