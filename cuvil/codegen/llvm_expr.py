@@ -140,7 +140,8 @@ class ExprEmitter:
         return ir.Constant(t, int(value) & ((1 << t.width) - 1))
 
     # -- memory -----------------------------------------------------------------
-    def address(self, buffer: Any, indices: tuple[Expr, ...]) -> ir.Value:
+    def storage(self, buffer: Any, indices: tuple[Expr, ...]) -> tuple[ir.Value, list[ir.Value]]:
+        """The pointer and dimensions of an allocated buffer indexed with ``indices``."""
         if buffer not in self.buffers:
             raise InternalError(f"internal error in LLVM codegen: buffer {buffer.name!r} is not allocated here")
         ptr, dims = self.buffers[buffer]
@@ -148,6 +149,10 @@ class ExprEmitter:
             raise InternalError(
                 f"internal error in LLVM codegen: {buffer.name} has {len(dims)} dims, indexed with {len(indices)}"
             )
+        return ptr, dims
+
+    def address(self, buffer: Any, indices: tuple[Expr, ...]) -> ir.Value:
+        ptr, dims = self.storage(buffer, indices)
         b = self.builder
         flat: ir.Value = ir.Constant(I64, 0)
         for k, (idx, dim) in enumerate(zip(indices, dims)):

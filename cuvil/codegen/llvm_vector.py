@@ -367,13 +367,7 @@ class VectorLoops:
 
     def _vflat(self, buffer: Any, indices: tuple[Expr, ...]) -> tuple[ir.Value, Lanes]:
         """The buffer's pointer and the row-major flat index (int64 lanes) of ``indices``."""
-        if buffer not in self.buffers:
-            raise InternalError(f"internal error in LLVM codegen: buffer {buffer.name!r} is not allocated here")
-        ptr, dims = self.buffers[buffer]
-        if len(indices) != len(dims):
-            raise InternalError(
-                f"internal error in LLVM codegen: {buffer.name} has {len(dims)} dims, indexed with {len(indices)}"
-            )
+        ptr, dims = self.storage(buffer, indices)
         b = self.builder
         flat: Lanes | None = None
         for idx, dim in zip(indices, dims):
