@@ -1,0 +1,51 @@
+"""pytest configuration shared by the test suite: hypothesis profiles.
+
+Profiles (choose with ``HYPOTHESIS_PROFILE=<name>``; "ci" is the default):
+
+- ``ci``: a modest number of examples per property so the whole suite runs in a
+  few minutes on two cores; every end-to-end example compiles a program
+  (~50-100 ms), so the example count is what the run time is made of.
+- ``dev``: five times the examples, for a local run before pushing.
+- ``thorough``: many examples, for hunting bugs overnight.
+
+``deadline=None`` everywhere: the first build of a program pays for LLVM's
+start-up, which would trip a per-example deadline without saying anything
+about cuvil.  Tests that compile heavier programs ask for a fraction of the
+profile's examples through :func:`tests.reference.budget`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from hypothesis import HealthCheck, settings
+
+# the test modules import their helpers as ``reference``; make that work whether
+# or not tests/ is a package and whatever pytest's import mode is
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+settings.register_profile(
+    "ci",
+    max_examples=20,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "dev",
+    max_examples=100,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "thorough",
+    max_examples=1000,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
