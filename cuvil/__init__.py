@@ -30,6 +30,7 @@ _LAZY = {
     "lower": ("cuvil.pipeline", "lower"),
     "build": ("cuvil.pipeline", "build"),
     "Target": ("cuvil.target", "Target"),
+    "auto_schedule": ("cuvil.schedule.auto", "auto_schedule"),
     "runtime": ("cuvil.runtime", None),
     "set_num_threads": ("cuvil.runtime.threads", "set_num_threads"),
     "get_num_threads": ("cuvil.runtime.threads", "get_num_threads"),
@@ -52,6 +53,6 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ArgumentError", "CuvilError", "DTypeError", "ScheduleError", "ShapeError", "TargetError",
-    "UnsupportedOpError", "Target", "__version__", "build", "get_num_threads", "lower", "runtime",
+    "UnsupportedOpError", "Target", "__version__", "auto_schedule", "build", "get_num_threads", "lower", "runtime",
     "set_num_threads", "te",
 ]

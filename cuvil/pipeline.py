@@ -6,7 +6,7 @@
       -> schedule map                     (the te order for now)
       -> isl AST                          (schedule.astgen.generate_ast)
       -> loop IR                          (schedule.astgen.ast_to_loops, intermediates allocated)
-      -> passes                           (ir.simplify, ir.unroll)
+      -> passes                           (ir.simplify, ir.versioning, ir.unroll)
       -> LoweredFunc                      (what cuvil.lower returns; print it)
       -> LLVM IR -> O3 -> machine code    (codegen.llvm, inside runtime.Module)
       -> Module                           (callable with numpy arrays)
@@ -25,12 +25,13 @@ from cuvil.ir.expr import IterVar, Var
 from cuvil.ir.simplify import simplify
 from cuvil.ir.stmt import Allocate, Buffer, LoweredFunc, Stmt
 from cuvil.ir.unroll import unroll_loops
+from cuvil.ir.versioning import version_tails
 from cuvil.schedule.astgen import ast_to_loops, generate_ast
 from cuvil.schedule.legality import check_program
 from cuvil.schedule.model import PolyModel, build_model, isl_budget
 from cuvil.schedule.schedule import Schedule, Stage
 from cuvil.schedule.storage import plan_storage
-from cuvil.schedule.timemap import build_time_maps
+from cuvil.schedule.timemap import build_time_maps, tail_dims
 from cuvil.te.tensor import PlaceholderOp, Tensor
 
 
@@ -118,14 +119,14 @@ def lower(s: Schedule, args: Sequence[Any], name: str = "main") -> LoweredFunc:
     params = tuple(buffer_of(p) if isinstance(p, Tensor) else p for p in plan.params)
     with isl_budget(f"lowering {name}"):
         tm = tm if tm is not None else build_time_maps(model)
-        ast = generate_ast(model, tm.union())
+        ast = generate_ast(model, tm.union(), tail_dims(model, tm))
         storage = plan_storage(model, tm, list(plan.intermediates))
         body: Stmt = ast_to_loops(model, tm, ast, buffer_of, storage)
     for st in reversed(plan.intermediates):
         if id(st) not in storage:
             body = Allocate(buffer_of(st), body)
     func = LoweredFunc(name, params, body, size_vars, tuple(buffer_of(st) for st in plan.outputs))
-    return unroll_loops(simplify(func))
+    return unroll_loops(simplify(version_tails(simplify(func))))
 
 
 def build(s: Schedule, args: Sequence[Any], target: Any = "llvm", name: str = "main",

@@ -254,8 +254,9 @@ def test_float_to_bool_nan_is_true():
 
 # -- math functions ---------------------------------------------------------------------------
 
-# Tolerances in ULP against numpy on the same inputs.  LLVM calls glibc (exp, log, tanh, erf,
-# pow: < 1 ULP in practice); numpy dispatches to its own SIMD kernels on AVX-512/AVX2 hosts,
+# Tolerances in ULP against numpy on the same inputs.  float32 exp, log, tanh, erf and sigmoid
+# are cuvil's own code (<= 1-2.5 ULP from the exact value, tests/test_vecmath.py); float64 ones
+# and pow call glibc (< 1 ULP in practice); numpy dispatches to its own SIMD kernels on AVX-512/AVX2 hosts,
 # which are accurate to a few ULP by design (measured here: up to 2).  The sum bounds the gap:
 # 4 ULP.  sigmoid is a composite (exp, add, divide: three roundings in each implementation),
 # so it gets 2 more.  sqrt, rsqrt (1/sqrt on both sides), abs and the rounding functions are
@@ -360,14 +361,15 @@ def test_matmul_with_size_vars(shape):
 
 
 def test_loop_kinds_and_metadata():
-    # unroll with a run-time extent keeps LLVM metadata; vectorize is explicit vector code
-    # and parallel is a GOMP_parallel launch (tests/test_simd_threads.py tests both in depth)
-    for kind, key in [("unroll", "llvm.loop.unroll.enable"), ("vectorize", "x float>"),
+    # unroll with a run-time extent is a plain loop (LLVM's unroller decides; metadata only made it
+    # warn); vectorize is explicit vector code and parallel is a GOMP_parallel launch
+    # (tests/test_simd_threads.py tests both in depth)
+    for kind, key in [("unroll", "br label"), ("vectorize", "x float>"),
                       ("parallel", "@\"GOMP_parallel\"")]:
         func = elementwise(lambda x: [x + x], ["float32"], kind=kind)
         text = codegen_llvm(func, "llvm")
         assert key in text
-        assert ("distinct !{" in text) == (kind == "unroll")
+        assert "llvm.loop.unroll" not in text
         optimize(text, "llvm")  # parses and verifies
         (got,) = run(func, np.arange(37, dtype=np.float32))
         np.testing.assert_array_equal(got, 2 * np.arange(37, dtype=np.float32))

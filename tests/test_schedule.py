@@ -47,7 +47,7 @@ def test_split_with_a_tail():
     assert (io.name, ii.name) == ("i.outer", "i.inner")
     text = str(cuvil.lower(s, [A, B, C]))
     assert "for (i.outer = 0; i.outer < 3; i.outer++)" in text
-    assert "for (i.inner = 0; i.inner < min(3, i.outer * -4 + 9) + 1; i.inner++)" in text
+    assert "for (i.inner = 0; i.inner < min(4, i.outer * -4 + 10); i.inner++)" in text
     assert "C[i.outer * 4 + i.inner, j] = 0.0f;" in text
     _run_mm(s, A, B, C, (10, 10))
 

@@ -38,7 +38,7 @@ from cuvil.target import Target, llvm_binding
 STACK_LIMIT = 64 * 1024  # Allocate buffers of constant size up to this many bytes live on the stack
 _LOOP_MD = {
     "serial": (),
-    "unroll": (("llvm.loop.unroll.enable", None),),
+    "unroll": (),  # run-time extents stay loops; LLVM's own unrolling decides (metadata only made it warn)
     "vectorize": (("llvm.loop.vectorize.enable", True),),
 }
 

@@ -20,6 +20,7 @@ from typing import Any
 from llvmlite import ir
 
 from cuvil import dtype as dt
+from cuvil.codegen import vecmath
 from cuvil.errors import CuvilError
 from cuvil.ir.expr import Binary, Call, Cast, Const, Expr, Load, Reduce, Select, TensorRead, Unary, Var
 from cuvil.ir.functor import walk
@@ -341,7 +342,7 @@ class ExprEmitter:
         return self.builder.call(fn, args)
 
     def libm(self, name: str, arg: ir.Value) -> ir.Value:
-        """A libm call; on a vector, one scalar call per lane (cuvil's vector polynomials come later)."""
+        """A libm call (float64 tanh/erf); on a vector, one scalar call per lane."""
         if isinstance(arg.type, ir.VectorType):
             b = self.builder
             out: ir.Value = ir.Constant(arg.type, None)
@@ -371,6 +372,8 @@ class ExprEmitter:
             return b.fcmp_unordered("uno", x, x)
         if e.name == "rsqrt":
             return b.fdiv(one, self.intrinsic("sqrt", [x]))
+        if elem(x.type) == FLOAT and e.name in vecmath.FUNCTIONS:  # float32 (and float16): cuvil's own code
+            return vecmath.FUNCTIONS[e.name](b, x)
         if e.name == "sigmoid":
             return b.fdiv(one, b.fadd(one, self.intrinsic("exp", [b.fneg(x)])))
         if e.name in _LIBM:

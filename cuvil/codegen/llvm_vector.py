@@ -32,9 +32,12 @@ A ``Select`` whose condition varies across lanes and whose sides read memory
 is evaluated per lane with the scalar (branching) code, so the unchosen side
 never reads out of bounds; with a uniform condition it branches once for all
 lanes.  Integer ``//``/``%`` cannot trap (zero and -1 divisors are replaced
-before dividing) and is evaluated lane-wise.  ``exp log pow sqrt floor ceil
-round trunc abs`` are LLVM vector intrinsics (LLVM expands the first three
-into per-lane libm calls), ``tanh``/``erf`` per-lane libm calls.
+before dividing) and is evaluated lane-wise.  On float32 (and float16, held as
+float32) ``exp log tanh erf sigmoid`` are cuvil's own polynomial code
+(:mod:`cuvil.codegen.vecmath`, the same IR as the scalar path); ``sqrt floor
+ceil round trunc abs`` are native vector intrinsics; ``pow`` and the float64
+``exp log`` are vector intrinsics that LLVM expands into per-lane libm calls,
+float64 ``tanh``/``erf`` per-lane libm calls.
 
 The body may contain Stores, Blocks, and Ifs and LetStmts whose condition or
 value does not depend on the loop variable.  Anything else (a nested loop, an

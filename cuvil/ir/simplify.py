@@ -189,8 +189,23 @@ class Simplifier(ExprMutator):
         if e.dtype == "int64" and e.op in ("add", "sub", "mul"):
             lin = _linear(out)
             if lin is not None:
-                return _rebuild(*lin)
+                pushed = self._into_minmax(*lin)
+                return pushed if pushed is not None else _rebuild(*lin)
+        if e.dtype == "int64" and e.op in ("min", "max") and isinstance(b, Const) and not isinstance(a, Const):
+            return Binary(e.dtype, e.op, b, a)  # constant first: min(32, N - 32 * j)
         return out
+
+    def _into_minmax(self, terms: dict[tuple, tuple[Expr, int]], c: int) -> Expr | None:
+        """``min(a, b) + t`` -> ``min(a + t, b + t)`` (one min/max term, coefficient 1): tail bounds
+        such as ``min(999, 32 * j + 31) - 32 * j + 1`` become ``min(1000 - 32 * j, 32)``."""
+        mm = [(k, t) for k, (t, n) in terms.items() if n and isinstance(t, Binary) and t.op in ("min", "max")]
+        if len(mm) != 1 or terms[mm[0][0]][1] != 1:
+            return None
+        key, t = mm[0]
+        rest = dict(terms)
+        del rest[key]
+        r = _rebuild(rest, c)
+        return self.visit(Binary("int64", t.op, simplify_expr(t.a + r), simplify_expr(t.b + r)))
 
     def visit_Cast(self, e: Cast) -> Expr:
         v = self.visit(e.value)

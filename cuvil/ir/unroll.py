@@ -13,8 +13,8 @@ first, so nested unroll loops become one straight block::
 
 An unroll loop with a non-constant extent (``unroll for (u = 0; u < M; u++)``),
 or with more than ``MAX_UNROLL`` iterations, stays a loop of kind
-``"unroll"``: the LLVM backend emits it as a serial loop carrying
-``llvm.loop.unroll.enable`` metadata, and LLVM decides how far to unroll it.
+``"unroll"``: the LLVM backend emits it as a plain loop, and LLVM's unroller
+decides how far to unroll it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from cuvil.ir.expr import Const
 from cuvil.ir.simplify import simplify_expr, simplify_stmt, substitute_stmt
 from cuvil.ir.stmt import Allocate, Block, For, If, LetStmt, LoweredFunc, Stmt, Store, block
 
-MAX_UNROLL = 256  # iterations; a longer constant loop keeps LLVM unroll metadata instead
+MAX_UNROLL = 256  # iterations; a longer constant loop is left to LLVM's unroller
 
 
 def unroll_loops(func: LoweredFunc) -> LoweredFunc:

@@ -29,10 +29,26 @@ _OP = isl.ast_expr_op_type
 _NODE = isl.ast_node_type
 
 
-def generate_ast(model: PolyModel, schedule: isl.UnionMap) -> isl.AstNode:
-    """Ask isl for the loop AST of ``schedule`` over the model's domains."""
+def generate_ast(model: PolyModel, schedule: isl.UnionMap, separate: tuple[int, ...] = ()) -> isl.AstNode:
+    """Ask isl for the loop AST of ``schedule`` over the model's domains.
+
+    ``separate`` lists time dimensions whose loops isl splits into the iterations where the
+    loops inside have their full extent and the rest (tiles vs tails): inside full tiles the
+    unrolled and vectorised loops have constant bounds.
+    """
     build = isl.AstBuild.from_context(model.context)
+    if separate:
+        width = _width(schedule)
+        dims = ", ".join(f"t{k}" for k in range(width))
+        opts = "; ".join(f"[{dims}] -> separate[{d}]" for d in separate)
+        build = build.set_options(isl.UnionMap(f"{model.param_str} -> {{ {opts} }}"))
     return build.node_from_schedule_map(schedule.intersect_domain(model.domain))
+
+
+def _width(um: isl.UnionMap) -> int:
+    maps: list[isl.Map] = []
+    um.foreach_map(maps.append)
+    return max((m.dim(isl.dim_type.out) for m in maps), default=1)
 
 
 class _Reads(ExprMutator):

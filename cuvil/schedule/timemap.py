@@ -206,3 +206,23 @@ def _index(xs: list[Any], x: Any) -> int:
         if a is x:
             return k
     raise ScheduleError(f"internal: loop {x.name} not found in the time dimensions")
+
+
+def tail_dims(model: PolyModel, tm: TimeMaps) -> tuple[int, ...]:
+    """Time dimensions of outer tile loops whose split leaves a tail (isl separates those)."""
+    from cuvil.schedule.axes import Split, const_int
+
+    dims: set[int] = set()
+    for st in model.schedule.stages:
+        stmts = [s for s in model.statements if s.stage is st]
+        for rel in st.relations:
+            if not isinstance(rel, Split) or not any(rel.outer is a for a in st.leaves):
+                continue
+            ext, f = const_int(rel.parent.extent), const_int(rel.factor)
+            if ext is not None and f is not None and ext % f == 0:
+                continue
+            for s in stmts:
+                d = tm.leaf_dim(s.name, rel.outer)
+                if d is not None:
+                    dims.add(d)
+    return tuple(sorted(dims))

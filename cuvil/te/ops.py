@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from cuvil import te
 from cuvil.errors import ShapeError
+from cuvil.ir.simplify import simplify_expr
 from cuvil.te.tensor import Tensor
 
 
@@ -23,7 +24,7 @@ def matmul(A: Tensor, B: Tensor, name: str = "C") -> Tensor:
 def pad(X: Tensor, pads: tuple[int, ...], value: float = 0.0, name: str = "pad") -> Tensor:
     """Pad the last ``len(pads)`` dimensions of ``X`` by ``pads[d]`` on both sides."""
     lead = X.ndim - len(pads)
-    shape = list(X.shape[:lead]) + [X.shape[lead + d] + 2 * p for d, p in enumerate(pads)]
+    shape = list(X.shape[:lead]) + [simplify_expr(X.shape[lead + d] + 2 * p) for d, p in enumerate(pads)]
 
     def body(*idx):
         inside = [idx[lead + d] >= p for d, p in enumerate(pads) if p] + [
@@ -46,8 +47,8 @@ def conv2d_nchw(X: Tensor, W: Tensor, stride: int = 1, padding: int = 0, dilatio
     if kh_ is None or kw_ is None or cg_ is None:
         raise ShapeError(f"conv2d {name}: kernel sizes and input channels per group must be constants")
     Xp = pad(X, (padding, padding), name=f"{name}_pad") if padding else X
-    OH = (H + 2 * padding - dilation * (kh_ - 1) - 1) // stride + 1
-    OW = (Wd + 2 * padding - dilation * (kw_ - 1) - 1) // stride + 1
+    OH = simplify_expr((H + 2 * padding - dilation * (kh_ - 1) - 1) // stride + 1)
+    OW = simplify_expr((Wd + 2 * padding - dilation * (kw_ - 1) - 1) // stride + 1)
     fpg = _const(F)
     per_group = fpg // groups if fpg is not None else None
     rc = te.reduce_axis((0, cg_), name="rc")

@@ -1,0 +1,289 @@
+"""The automatic scheduler: a schedule for any te program, with no tuning.
+
+Strategy, stage by stage (consumers first), using only the public primitives,
+so every decision is proved legal by isl and recorded in the trace:
+
+1. Element-wise stages that are not outputs are inlined into their readers,
+   unless a reader is a reduction that reads them with reuse (a padded input
+   of a convolution): those are computed at the root, once.
+2. A *contraction* (a sum of a product of two reads) is recognised from its
+   accesses, not its name: an output axis ``j`` that one operand (the
+   *vector* operand) reads with unit stride in its last dimension and the
+   other (the *broadcast* operand) does not read, and an output axis ``i`` that
+   only the broadcast operand reads.  matmul (``A[i, k] * B[k, j]``), a
+   transposed or batched one, and conv2d (``W[f, c, ry, rx] * X[n, c, y + ry,
+   x + rx]``: i = f, j = x) all match.  It gets a register tile ``MR x NR``
+   (NR = two vectors, MR from the register file), accumulated in a local
+   buffer over all reduction loops (``cache_write`` + ``compute_at``), rows
+   unrolled, columns vectorised, tiles fused and run in parallel; a vector
+   operand that is a plain 2-D input of constant shape is packed into
+   ``NR``-wide panels (``cache_read`` with a layout), column panels outermost.
+   An element-wise consumer (bias, relu) becomes the output stage that the
+   tile is computed at.
+3. Other reductions run their outer data loop in parallel.
+4. Element-wise outputs: the innermost axis split by the vector width and
+   vectorised, the outer loops fused and run in parallel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cuvil.errors import ArgumentError, ScheduleError
+from cuvil.ir.expr import Binary, Cast, Expr, IterVar, Reduce, TensorRead
+from cuvil.ir.functor import free_vars, walk
+from cuvil.schedule.axes import const_int
+from cuvil.schedule.schedule import Schedule, Stage
+from cuvil.te.tensor import ComputeOp, PlaceholderOp, Tensor
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """What the register tile needs to know about a contraction stage."""
+
+    i: IterVar  # output axis of the tile's rows (read by the broadcast operand only)
+    j: IterVar  # output axis of the tile's columns (unit stride in the vector operand)
+    vector: TensorRead
+    broadcast: TensorRead
+
+
+def _operands(body: Expr) -> tuple[TensorRead, TensorRead] | None:
+    if not isinstance(body, Reduce) or body.name != "sum" or body.where is not None:
+        return None
+    src = body.source
+    while isinstance(src, Cast):
+        src = src.value
+    if not isinstance(src, Binary) or src.op != "mul":
+        return None
+    ops = []
+    for x in (src.a, src.b):
+        while isinstance(x, Cast):
+            x = x.value
+        if not isinstance(x, TensorRead):
+            return None
+        ops.append(x)
+    return ops[0], ops[1]
+
+
+def _uses(e: Expr, v: IterVar) -> bool:
+    return any(x is v for x in free_vars(e))
+
+
+def _unit_stride_last(read: TensorRead, v: IterVar) -> bool:
+    """The last index of ``read`` is ``v + (terms without v)``, and no other index uses ``v``."""
+    if any(_uses(ix, v) for ix in read.indices[:-1]):
+        return False
+    last = read.indices[-1]
+    if last is v:
+        return True
+    from cuvil.ir.simplify import _linear
+
+    lin = _linear(last)
+    if lin is None:
+        return False
+    coef = [k for t, k in lin[0].values() if t is v]
+    others = [t for t, k in lin[0].values() if t is not v and k]
+    return coef == [1] and not any(_uses(t, v) for t in others)
+
+
+def find_contraction(op: ComputeOp) -> Contraction | None:
+    pair = _operands(op.body)
+    if pair is None:
+        return None
+    for vec, bc in (pair, pair[::-1]):
+        for j in reversed(op.axis):
+            if const_int(j.extent) is None or not _unit_stride_last(vec, j) or any(
+                    _uses(ix, j) for ix in bc.indices):
+                continue
+            for i in reversed(op.axis):
+                if i is j or const_int(i.extent) is None:
+                    continue
+                if any(_uses(ix, i) for ix in vec.indices) or not any(_uses(ix, i) for ix in bc.indices):
+                    continue
+                return Contraction(i, j, vec, bc)
+    return None
+
+
+def _pos(seq: Sequence[Any], x: Any) -> int:
+    return next(k for k, a in enumerate(seq) if a is x)
+
+
+def _elementwise(st: Stage) -> bool:
+    return isinstance(st.op, ComputeOp) and not st.op.reduce_axis
+
+
+def _readers(s: Schedule, st: Stage) -> list[Stage]:
+    return [r for r in s.compute_stages if s.reads(r, st)]
+
+
+def _reused_by_reduction(s: Schedule, st: Stage) -> bool:
+    for r in _readers(s, st):
+        if r.op.reduce_axis:
+            for n in walk(r.op.body):
+                if isinstance(n, TensorRead) and s.stage_of(n.tensor) is st:
+                    if any(_uses(ix, a) for ix in n.indices for a in r.op.reduce_axis):
+                        return True
+    return False
+
+
+class AutoScheduler:
+    def __init__(self, s: Schedule, outputs: list[Stage], target: Any):
+        from cuvil.target import Target
+
+        self.s = s
+        self.outputs = outputs
+        self.target = Target(target)
+        self.bits = max(128, self.target.vector_bits)
+
+    def lanes(self, dtype: str) -> int:
+        from cuvil import dtype as dt
+
+        return max(4, self.bits // max(8, dt.bits(dtype) if dtype != "float16" else 32))
+
+    def run(self) -> Schedule:
+        s = self.s
+        # 1. inline element-wise intermediates (not the padded inputs a reduction reuses)
+        for st in list(s.compute_stages):
+            if any(st is o for o in self.outputs) or not _elementwise(st):
+                continue
+            if _reused_by_reduction(s, st):
+                continue
+            st.compute_inline()
+        # 2. contractions (with their epilogues), then 3-4. the other stages, consumers first
+        done: set[int] = set()
+        for st in reversed(list(s.compute_stages)):
+            c = find_contraction(st.op) if isinstance(st.op, ComputeOp) and st.op.reduce_axis else None
+            if c is not None and st.attach == "root":
+                done.update(self.contraction(st, c))
+        for st in reversed(list(s.compute_stages)):
+            if st.attach != "root" or id(st) in done:
+                continue
+            if st.op.reduce_axis:
+                self.reduction(st)
+            else:
+                self.elementwise(st)
+        return s
+
+    # -- strategies ---------------------------------------------------------------------
+    def _tile_sizes(self, c: Contraction, dtype: str) -> tuple[int, int]:
+        v = self.lanes(dtype)
+        nr = 2 * v  # two vector registers per row
+        regs = 32 if self.bits >= 512 else 16
+        mr = max(1, min(8, (regs - 4) // 2 - 2))  # MR * 2 accumulators + operands fit the register file
+        ext_i, ext_j = const_int(c.i.extent), const_int(c.j.extent)
+        if ext_j is not None and ext_j < nr:
+            nr = max(1, ext_j)
+        if ext_i is not None and ext_i < mr:
+            mr = max(1, ext_i)
+        return mr, nr
+
+    def contraction(self, st: Stage, c: Contraction) -> set[int]:
+        s = self.s
+        op: ComputeOp = st.op
+        mr, nr = self._tile_sizes(c, op.dtype)
+        pack = self._packable(c, nr)
+        readers = _readers(s, st)
+        epilogue = (
+            len(readers) == 1 and _elementwise(readers[0]) and readers[0].attach == "root"
+            and not any(st is o for o in self.outputs)
+            and len(readers[0].op.axis) == len(op.axis)
+        )
+        if pack is not None:
+            pvec, layout = pack
+            packed = s.cache_read(pvec, "global", [op.output(0)], layout=layout)
+            ps = s[packed]
+            ps.parallel(ps.op.axis[0]) if const_int(ps.op.axis[0].extent) else None
+            c = find_contraction(st.op) or c  # the op was rewritten to read the packed copy
+            op = st.op
+        if epilogue:
+            outer = readers[0]
+            cache = st
+            axes = dict(zip((id(a) for a in op.axis), outer.op.axis))
+            oi, oj = axes[id(c.i)], axes[id(c.j)]
+        else:
+            cache_t = s.cache_write(st.op.output(0), "local")
+            cache = s[cache_t]
+            outer = st
+            oi, oj = c.i, c.j
+            c = Contraction(cache.op.axis[_pos(op.axis, c.i)], cache.op.axis[_pos(op.axis, c.j)],
+                            c.vector, c.broadcast)
+        io, jo, ii, ji = outer.tile(oi, oj, mr, nr)
+        rest = [a for a in outer.leaves if not any(a is b for b in (io, jo, ii, ji))]
+        order = rest + ([jo, io] if pack is not None else [io, jo])
+        outer.reorder(*order)
+        # fuse the tile loops into one parallel loop, unless a tail tile must stay separable
+        # (isl then splits full tiles, whose inner loops have constant bounds, from the tails)
+        tails = (const_int(oi.extent) or 1) % mr or (const_int(oj.extent) or 1) % nr
+        loops = [order[0]]
+        for a in order[1:]:
+            if const_int(a.extent) is None or tails:
+                loops.append(a)
+            else:
+                loops[-1] = outer.fuse(loops[-1], a)
+        outer.parallel(loops[0])
+        outer.vectorize(ji)
+        cache.compute_at(outer, loops[-1])
+        ci = c.i if not epilogue else c.i
+        cj = c.j
+        others = [a for a in cache.leaves if a is not ci and a is not cj and a.kind == "data"]
+        red = [a for a in cache.leaves if a.kind == "reduce"]
+        cache.reorder(*(others + red + [ci, cj]))
+        cache.unroll(ci)
+        cache.vectorize(cj)
+        return {id(outer), id(cache)}
+
+    def _packable(self, c: Contraction, nr: int) -> tuple[Tensor, Any] | None:
+        """Pack a 2-D placeholder vector operand ``B[k, j]`` into panels ``[j // nr, k, j % nr]``."""
+        t = c.vector.tensor
+        if not isinstance(t.op, PlaceholderOp) or t.ndim != 2:
+            return None
+        shape = [const_int(d) for d in t.shape]
+        if any(d is None for d in shape) or shape[0] * shape[1] < 64 * 1024:
+            return None
+        if not all(isinstance(ix, IterVar) for ix in c.vector.indices) or c.vector.indices[1] is not c.j:
+            return None
+        return t, (lambda k, j: (j // nr, k, j % nr))
+
+    def reduction(self, st: Stage) -> None:
+        data = [a for a in st.leaves if a.kind == "data"]
+        if data and self._big(st):
+            st.parallel(data[0])
+
+    def elementwise(self, st: Stage) -> None:
+        axes = list(st.leaves)
+        if not axes:
+            return
+        inner = axes[-1]
+        v = self.lanes(st.op.dtype)
+        ext = const_int(inner.extent)
+        if ext is not None and ext >= v:
+            _, xi = st.split(inner, factor=v)
+            try:
+                st.vectorize(xi)
+            except ScheduleError:
+                pass
+        if self._big(st) and const_int(st.leaves[0].extent) not in (None, 1):
+            try:
+                st.parallel(st.leaves[0])
+            except ScheduleError:
+                pass
+
+    def _big(self, st: Stage) -> bool:
+        total = 1
+        for a in st.roots:
+            e = const_int(a.extent)
+            total *= e if e is not None else 1024
+        return total >= 32 * 1024
+
+
+def auto_schedule(args: Sequence[Any], target: Any = "llvm") -> Schedule:
+    """A schedule for the program whose arguments are ``args`` (computed tensors are outputs)."""
+    if not isinstance(args, (list, tuple)):
+        raise ArgumentError("auto_schedule needs the argument list, e.g. [A, B, C]")
+    outs = [a for a in args if isinstance(a, Tensor) and not isinstance(a.op, PlaceholderOp)]
+    if not outs:
+        raise ArgumentError("auto_schedule: none of the arguments is a computed tensor")
+    s = Schedule(outs)
+    return AutoScheduler(s, [s[o] for o in outs], target).run()

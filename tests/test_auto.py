@@ -1,0 +1,117 @@
+"""auto_schedule: every program it schedules gives numpy's result; contractions get the register tile."""
+
+import numpy as np
+import pytest
+
+import cuvil
+from cuvil import te
+from cuvil.schedule.auto import find_contraction
+from cuvil.te import ops
+
+rng = np.random.default_rng(0)
+
+
+def _run(args, inputs):
+    s = cuvil.auto_schedule(args)
+    f = cuvil.build(s, args)
+    outs = [np.full([int(d.value) for d in t.shape], np.nan, t.dtype) for t in args[len(inputs):]]
+    f(*inputs, *outs)
+    return s, outs
+
+
+def _close(got, ref, k):
+    # float32 sums of k products in any order: error <= k * eps * sum|terms|; sqrt(k) * 1e-6 relative
+    # to the largest output is a tight practical bound for random normal inputs
+    np.testing.assert_allclose(got, ref, rtol=0, atol=np.sqrt(k) * 2e-6 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("m, n, k", [(127, 255, 63), (64, 256, 256), (33, 40, 17)])
+def test_matmul_sizes(m, n, k):
+    A = te.placeholder((m, k), name="A")
+    B = te.placeholder((k, n), name="B")
+    C = ops.matmul(A, B)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    s, (c,) = _run([A, B, C], [a, b])
+    _close(c, a.astype(np.float64) @ b, k)
+    ops_used = {st.op for st in s.trace}
+    assert {"cache_write", "compute_at", "vectorize", "parallel", "unroll"} <= ops_used
+    if k * n >= 64 * 1024:
+        assert "cache_read" in ops_used  # B packed into panels
+
+
+def test_contraction_is_found_from_accesses_not_names():
+    X = te.placeholder((4, 8, 16), name="lhs")
+    Y = te.placeholder((4, 16, 32), name="rhs")
+    r = te.reduce_axis((0, 16), name="r")
+    Z = te.compute((4, 8, 32), lambda b, p, q: te.sum(Y[b, r, q] * X[b, p, r], axis=r), name="Z")
+    c = find_contraction(Z.op)
+    assert c is not None and (c.i.name, c.j.name) == ("p", "q") and c.vector.tensor is Y
+    x = rng.standard_normal((4, 8, 16), dtype=np.float32)
+    y = rng.standard_normal((4, 16, 32), dtype=np.float32)
+    _, (z,) = _run([X, Y, Z], [x, y])
+    _close(z, x.astype(np.float64) @ y, 16)
+
+
+def test_transposed_operand_and_epilogue():
+    m, n, k = 48, 64, 32
+    A = te.placeholder((m, k), name="A")
+    Bt = te.placeholder((n, k), name="Bt")
+    bias = te.placeholder((n,), name="bias")
+    kk = te.reduce_axis((0, k), name="k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, kk] * Bt[j, kk], axis=kk), name="C")
+    D = te.compute((m, n), lambda i, j: te.max(C[i, j] + bias[j], 0.0), name="D")
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    bt = rng.standard_normal((n, k), dtype=np.float32)
+    bb = rng.standard_normal(n, dtype=np.float32)
+    _, (d,) = _run([A, Bt, bias, D], [a, bt, bb])
+    _close(d, np.maximum(a.astype(np.float64) @ bt.T + bb, 0), k)
+
+
+def test_conv2d_relu():
+    X = te.placeholder((1, 8, 12, 12), name="X")
+    W = te.placeholder((16, 8, 3, 3), name="W")
+    Y = ops.relu(ops.conv2d_nchw(X, W, stride=1, padding=1))
+    x = rng.standard_normal((1, 8, 12, 12), dtype=np.float32)
+    w = rng.standard_normal((16, 8, 3, 3), dtype=np.float32)
+    _, (y,) = _run([X, W, Y], [x, w])
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.zeros((1, 16, 12, 12))
+    for dy in range(3):
+        for dx in range(3):
+            ref += np.einsum("fc,nchw->nfhw", w[:, :, dy, dx], xp[:, :, dy:dy + 12, dx:dx + 12])
+    _close(y, np.maximum(ref, 0), 72)
+
+
+def test_softmax_and_symbolic_elementwise():
+    R, C = 16, 96
+    X = te.placeholder((R, C), name="X")
+    k1 = te.reduce_axis((0, C), name="k1")
+    k2 = te.reduce_axis((0, C), name="k2")
+    mx = te.compute((R,), lambda i: te.max(X[i, k1], axis=k1), name="mx")
+    e = te.compute((R, C), lambda i, j: te.exp(X[i, j] - mx[i]), name="e")
+    sm = te.compute((R,), lambda i: te.sum(e[i, k2], axis=k2), name="sm")
+    Y = te.compute((R, C), lambda i, j: e[i, j] / sm[i], name="Y")
+    x = rng.standard_normal((R, C), dtype=np.float32)
+    _, (y,) = _run([X, Y], [x])
+    ex = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+    np.testing.assert_allclose(y, ex / ex.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+    n = te.var("n")
+    V = te.placeholder((n, 40), name="V")
+    W = te.compute((n, 40), lambda i, j: V[i, j] * 2 + 1, name="W")
+    s = cuvil.auto_schedule([V, W])
+    f = cuvil.build(s, [V, W])
+    for rows in (1, 7, 300):
+        v = rng.standard_normal((rows, 40), dtype=np.float32)
+        w = np.empty_like(v)
+        f(v, w)
+        np.testing.assert_array_equal(w, v * 2 + 1)
+
+
+def test_auto_schedule_errors():
+    A = te.placeholder((4,), name="A")
+    with pytest.raises(cuvil.ArgumentError, match="none of the arguments is a computed tensor"):
+        cuvil.auto_schedule([A])
+    with pytest.raises(cuvil.ArgumentError, match="argument list"):
+        cuvil.auto_schedule(A)
