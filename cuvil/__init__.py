@@ -31,6 +31,7 @@ _LAZY = {
     "build": ("cuvil.pipeline", "build"),
     "Target": ("cuvil.target", "Target"),
     "auto_schedule": ("cuvil.schedule.auto", "auto_schedule"),
+    "compile": ("cuvil.decorator", "compile"),
     "runtime": ("cuvil.runtime", None),
     "set_num_threads": ("cuvil.runtime.threads", "set_num_threads"),
     "get_num_threads": ("cuvil.runtime.threads", "get_num_threads"),
@@ -53,6 +54,6 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ArgumentError", "CuvilError", "DTypeError", "ScheduleError", "ShapeError", "TargetError",
-    "UnsupportedOpError", "Target", "__version__", "auto_schedule", "build", "get_num_threads", "lower", "runtime",
-    "set_num_threads", "te",
+    "UnsupportedOpError", "Target", "__version__", "auto_schedule", "build", "compile", "get_num_threads",
+    "lower", "runtime", "set_num_threads", "te",
 ]

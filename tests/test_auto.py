@@ -115,3 +115,35 @@ def test_auto_schedule_errors():
         cuvil.auto_schedule([A])
     with pytest.raises(cuvil.ArgumentError, match="argument list"):
         cuvil.auto_schedule(A)
+
+
+def test_compile_decorator_caches_per_signature():
+    calls = []
+
+    @cuvil.compile(target="llvm", opt_level=2)
+    def scale_add(x, y):
+        calls.append(x.shape)
+        return te.compute(x.shape, lambda *i: x[i] * 2 + y[i], name="out")
+
+    x = rng.standard_normal((8, 32), dtype=np.float32)
+    y = rng.standard_normal((8, 32), dtype=np.float32)
+    np.testing.assert_array_equal(scale_add(x, y), x * 2 + y)
+    np.testing.assert_array_equal(scale_add(y, x), y * 2 + x)
+    assert len(calls) == 1  # one trace for one signature
+    z = rng.standard_normal((3, 5), dtype=np.float32)
+    np.testing.assert_array_equal(scale_add(z, z), z * 3)
+    assert len(calls) == 2  # a new shape compiles again
+    assert "vectorize" in scale_add.lowered(x, y) or "parallel" in scale_add.lowered(x, y)
+
+    @cuvil.compile(opt_level=0)
+    def two(x):
+        k = te.reduce_axis((0, x.shape[1]), name="k")
+        s = te.compute((x.shape[0],), lambda i: te.sum(x[i, k], axis=k), name="s")
+        return s, te.compute(x.shape, lambda i, j: x[i, j] - s[i], name="centered")
+
+    s, c = two(x)
+    np.testing.assert_allclose(s, x.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(c, x - s[:, None], rtol=1e-6, atol=1e-6)
+    assert "parallel" not in two.lowered(x)  # opt_level=0: the te order
+    with pytest.raises(cuvil.ArgumentError, match="numpy arrays"):
+        two([1, 2, 3])
