@@ -23,7 +23,7 @@ from typing import Any
 from cuvil.errors import ArgumentError, ShapeError
 from cuvil.ir.expr import IterVar, Var
 from cuvil.ir.simplify import simplify
-from cuvil.ir.stmt import Allocate, Buffer, LoweredFunc, Stmt
+from cuvil.ir.stmt import Allocate, Buffer, LoweredFunc
 from cuvil.ir.unroll import unroll_loops
 from cuvil.ir.versioning import version_tails
 from cuvil.schedule.astgen import ast_to_loops, generate_ast
@@ -121,9 +121,9 @@ def lower(s: Schedule, args: Sequence[Any], name: str = "main") -> LoweredFunc:
         tm = tm if tm is not None else build_time_maps(model)
         ast = generate_ast(model, tm.union(), tail_dims(model, tm))
         storage = plan_storage(model, tm, list(plan.intermediates))
-        body: Stmt = ast_to_loops(model, tm, ast, buffer_of, storage)
+        body, placed = ast_to_loops(model, tm, ast, buffer_of, storage)
     for st in reversed(plan.intermediates):
-        if id(st) not in storage:
+        if id(st) not in placed:
             body = Allocate(buffer_of(st), body)
     func = LoweredFunc(name, params, body, size_vars, tuple(buffer_of(st) for st in plan.outputs))
     return unroll_loops(simplify(version_tails(simplify(func))))

@@ -76,6 +76,7 @@ class AstLowering:
         self.buffer_of = buffer_of
         self.storage = storage or {}
         self.local: dict[int, tuple[Buffer, tuple[Expr, ...]]] = {}  # id(stage) -> (buffer, lower bounds)
+        self.placed: set[int] = set()  # stages whose local buffer found its loop
 
     def access(self, t: object, idx: tuple[Expr, ...]) -> tuple[Buffer, tuple[Expr, ...]]:
         st = self.model.schedule.stage_of(t)
@@ -154,6 +155,7 @@ class AstLowering:
             out = ls.stage.op.output(0)
             buf = Buffer(ls.stage.name, tuple(E.const(x, "int64") for x in ls.shape), out.dtype, "local")
             self.local[id(ls.stage)] = (buf, lower)
+            self.placed.add(id(ls.stage))
             bufs.append(buf)
         try:
             inner = self.node(n.for_get_body(), env)
@@ -263,5 +265,8 @@ def _user_calls(n: isl.AstNode) -> list[isl.AstExpr]:
 
 
 def ast_to_loops(model: PolyModel, tm: TimeMaps, ast: isl.AstNode, buffer_of: Callable[[object], Buffer],
-                 storage: dict[int, LocalStorage] | None = None) -> Stmt:
-    return AstLowering(model, tm, buffer_of, storage).node(ast, {})
+                 storage: dict[int, LocalStorage] | None = None) -> tuple[Stmt, set[int]]:
+    """The loop IR of ``ast``, and the stages whose local storage was placed in a loop (a loop isl
+    did not generate, one of a single iteration, places none: those keep a whole buffer)."""
+    lowering = AstLowering(model, tm, buffer_of, storage)
+    return lowering.node(ast, {}), lowering.placed

@@ -41,8 +41,17 @@ def _rebuild_reduce(r: Reduce, source: Expr, axis: tuple[IterVar, ...], where: E
 
 
 def _untouched(st: Any, what: str) -> None:
-    if st.relations or st.kinds or st.attach != "root" or list(st.leaves) != list(st.roots):
+    same = len(st.leaves) == len(st.roots) and all(a is b for a, b in zip(st.leaves, st.roots))
+    if st.relations or st.kinds or st.attach != "root" or not same:
         raise ScheduleError(f"{what}: apply it before scheduling the loops of {st.name} (it resets them)")
+    _no_attached(st, what)
+
+
+def _no_attached(st: Any, what: str) -> None:
+    here = st.attached_here()
+    if here:
+        raise ScheduleError(f"{what}: {', '.join(here)} is computed at a loop of {st.name}; apply it before "
+                            "compute_at")
 
 
 def cache_write(sched: Any, tensor: Tensor, scope: str) -> Tensor:
@@ -76,7 +85,7 @@ def cache_write(sched: Any, tensor: Tensor, scope: str) -> Tensor:
                                          None if r.where is None else substitute(r.where, mapping))
         else:
             body = substitute(op.body, mapping)
-        cache = ComputeOp(f"{op.name}.{scope}", axes, body)
+        cache = ComputeOp(sched.fresh_name(f"{op.name}.{scope}"), axes, body)
         stage = sched.new_stage(cache, before=st)
         stage.scope = scope
         st.set_op(ComputeOp(op.name, op.axis, cache.output(0)[tuple(op.axis)], op.tag, op.attrs))
@@ -121,6 +130,9 @@ def cache_read(sched: Any, tensor: Tensor, scope: str, readers: Sequence[Any],
             raise ScheduleError(f"{what}: {rs.name} does not read {src.name}")
         if isinstance(rs.op, ScanOp):
             raise ScheduleError(f"{what}: a scan cannot read through a cache yet")
+        if src.attach == "at" and src.attach_stage is rs:
+            raise ScheduleError(f"{what}: {src.name} is computed at a loop of {rs.name}; apply cache_read before "
+                                "compute_at")
         rstages.append(rs)
     data = src.op.output(0)
     axes = tuple(IterVar("int64", f"ax{d}", E.const(0, "int64"), ext, "data") for d, ext in enumerate(data.shape))
@@ -142,7 +154,8 @@ def cache_read(sched: Any, tensor: Tensor, scope: str, readers: Sequence[Any],
     out: list[Tensor] = []
 
     def do() -> None:
-        copy = ComputeOp(f"{src.name}.{scope}", axes, data[axes], shape=shape, store_indices=store)
+        copy = ComputeOp(sched.fresh_name(f"{src.name}.{scope}"), axes, data[axes], shape=shape,
+                         store_indices=store)
         stage = sched.new_stage(copy, after=src)
         stage.scope = scope
         dst = copy.output(0)
@@ -204,12 +217,13 @@ def rfactor(sched: Any, tensor: Tensor, axis: IterVar, factor_axis: int = 0) -> 
         raise ScheduleError(f"{what}: {st.name} is not a reduction")
     k = st._leaf(axis, "rfactor")
     vals = leaf_values(st.roots, st.relations)
-    red = [a for a in st.leaves if depends_on(vals[id(a)], op.reduce_axis)]
+    red = [a for a in st.leaves if a.kind == "reduce"]  # derived from reduction axes (fuse keeps kinds apart)
     if not any(k is a for a in red):
         raise ScheduleError(f"{what}: {k.name} is not a reduction loop of {st.name}")
     for a in red:
         if depends_on(vals[id(a)], op.axis):
             raise ScheduleError(f"{what}: loop {a.name} mixes data and reduction axes")
+    _no_attached(st, what)
     ndata = len(op.axis)
     if not isinstance(factor_axis, int) or not 0 <= factor_axis <= ndata:
         raise ScheduleError(f"{what}: factor_axis must be an int in [0, {ndata}]")
@@ -238,7 +252,7 @@ def rfactor(sched: Any, tensor: Tensor, axis: IterVar, factor_axis: int = 0) -> 
         else:
             src = substitute(r.source, mapping)
             body = src if where is None else E.select(where, src, r.identity)
-        rf = ComputeOp(f"{st.name}.rf", rf_axes, body)
+        rf = ComputeOp(sched.fresh_name(f"{st.name}.rf"), rf_axes, body)
         sched.new_stage(rf, before=st)
         kr = IterVar("int64", kf.name, E.const(0, "int64"), k.extent, "reduce")
         idx = tuple(op.axis[:factor_axis]) + (kr,) + tuple(op.axis[factor_axis:])

@@ -112,6 +112,18 @@ class Stage:
             n = f"{name}{i}"
         return n
 
+    def _not_an_attach_point(self, axis: IterVar, what: str) -> None:
+        here = [st.name for st in self.sched.stages if st.attach == "at" and st.attach_axis is axis]
+        if here:
+            raise ScheduleError(
+                f"{self.name}.{what}({axis.name}): {', '.join(here)} is computed at loop {axis.name}; "
+                f"{what} the loop before compute_at, or compute_at another loop first"
+            )
+
+    def attached_here(self) -> list[str]:
+        """Names of the stages computed at a loop of this stage."""
+        return [st.name for st in self.sched.stages if st.attach == "at" and st.attach_stage is self]
+
     def _compute(self, what: str) -> None:
         if isinstance(self.op, PlaceholderOp):
             raise ScheduleError(f"{what}: {self.name} is a placeholder; only computed stages have loops")
@@ -141,6 +153,7 @@ class Stage:
                     f"{p.name} has extent {p.extent}; use factor="
                 )
             factor = -(-ext // nparts)
+        self._not_an_attach_point(p, "split")
         step = Step("split", self.name, (p.name, factor))
         out: list[IterVar] = []
 
@@ -168,9 +181,15 @@ class Stage:
                                                  for (j.inner < 64 ...)
                                                    C[i.outer * 4 + i.inner, j.outer * 64 + j.inner] = ...
         """
-        xo, xi = self.split(x_parent, factor=x_factor)
-        yo, yi = self.split(y_parent, factor=y_factor)
-        self.reorder(xo, yo, xi, yi)
+        snap, steps = self.sched._snapshot(), len(self.sched.trace)
+        try:
+            xo, xi = self.split(x_parent, factor=x_factor)
+            yo, yi = self.split(y_parent, factor=y_factor)
+            self.reorder(xo, yo, xi, yi)
+        except BaseException:  # all or nothing
+            self.sched._restore(snap)
+            del self.sched.trace[steps:]
+            raise
         return xo, yo, xi, yi
 
     def reorder(self, *axes: IterVar) -> None:
@@ -217,6 +236,13 @@ class Stage:
                 f"{self.name}.fuse({o.name}, {i.name}): the inner loop needs a constant extent "
                 f"({i.name} has extent {i.extent}) so the fused index stays affine"
             )
+        if o.kind != i.kind:
+            raise ScheduleError(
+                f"{self.name}.fuse({o.name}, {i.name}): a data loop and a reduction loop cannot be fused; "
+                "fuse loops of one kind"
+            )
+        self._not_an_attach_point(o, "fuse")
+        self._not_an_attach_point(i, "fuse")
         step = Step("fuse", self.name, (o.name, i.name))
         out: list[IterVar] = []
 
@@ -322,6 +348,11 @@ class Stage:
                 f"{self.name}.compute_inline: {self.name} is a reduction and cannot be inlined; "
                 f"compute it at a loop of its reader with compute_at instead"
             )
+        if any(a is not b for a, b in zip(self.op.store_indices, self.op.axis)):
+            raise ScheduleError(
+                f"{self.name}.compute_inline: {self.name} stores its elements in another layout (a packed "
+                "copy); inlining it would read the wrong elements: leave out the cache_read instead"
+            )
         step = Step("compute_inline", self.name, ())
 
         def do() -> None:
@@ -397,6 +428,15 @@ class Schedule:
 
     def reads(self, reader: Stage, producer: Stage) -> bool:
         return not reader.is_placeholder and any(self.stage_of(t) is producer for t in reader.op.input_tensors)
+
+    def fresh_name(self, base: str) -> str:
+        """``base``, or ``base`` with a number, so that no two stages share a name."""
+        names = {st.name for st in self.stages}
+        n, i = base, 1
+        while n in names:
+            n = f"{base}{i}"
+            i += 1
+        return n
 
     def new_stage(self, op: Operation, before: Stage | None = None, after: Stage | None = None) -> Stage:
         """Insert a stage for ``op`` (from cache_read / cache_write / rfactor)."""
