@@ -99,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     p_demo = sub.add_parser("demo", help="build a matmul and a conv2d+relu, check against numpy, time them")
     p_demo.add_argument("--size", type=int, default=512, help="matmul size (default 512)")
     sub.add_parser("info", help="show the host target")
+    p_bench = sub.add_parser("bench", help="benchmark auto-scheduled operators beside numpy")
+    p_bench.add_argument("--ops", action="store_true", help="the operator table (the default)")
+    p_bench.add_argument("--threads", default="1,2", help="thread counts, e.g. 1,2")
+    p_bench.add_argument("--quick", action="store_true", help="skip the largest shapes")
     args = parser.parse_args(argv)
     if args.version:
         import cuvil
@@ -109,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         return demo(args.size)
     if args.cmd == "info":
         return info()
+    if args.cmd == "bench":
+        from cuvil.bench import run
+
+        return run([int(x) for x in args.threads.split(",")], quick=args.quick)
     parser.print_help()
     return 0
 

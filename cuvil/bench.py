@@ -1,0 +1,183 @@
+"""``cuvil bench --ops``: auto-scheduled operators beside numpy (and onnxruntime where installed).
+
+Each row builds one operator with ``auto_schedule`` (no tuning), checks it
+against the reference, and prints the median time, GFLOP/s (or GB/s for
+memory-bound operators), the compile time and the ratio reference / cuvil
+(> 1: cuvil is faster) at each thread count.  numpy is pinned to the same
+thread count with threadpoolctl when it is installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Workload:
+    name: str
+    build: Callable[[], tuple[list[Any], list[np.ndarray]]]  # -> (te args, input arrays)
+    reference: Callable[..., np.ndarray] | None  # numpy version of the operator (timed too), or None
+    flops: float  # 0 for memory-bound rows (then bytes are used)
+    nbytes: float = 0.0
+
+
+def _matmul(m: int, n: int, k: int, batch: int = 0) -> Workload:
+    def build() -> tuple[list[Any], list[np.ndarray]]:
+        from cuvil import te
+
+        rng = np.random.default_rng(0)
+        if batch:
+            A = te.placeholder((batch, m, k), name="A")
+            B = te.placeholder((batch, k, n), name="B")
+            r = te.reduce_axis((0, k), name="k")
+            C = te.compute((batch, m, n), lambda b, i, j: te.sum(A[b, i, r] * B[b, r, j], axis=r), name="C")
+            return [A, B, C], [rng.standard_normal((batch, m, k), dtype=np.float32),
+                               rng.standard_normal((batch, k, n), dtype=np.float32)]
+        from cuvil.te import ops
+
+        A = te.placeholder((m, k), name="A")
+        B = te.placeholder((k, n), name="B")
+        return [A, B, ops.matmul(A, B)], [rng.standard_normal((m, k), dtype=np.float32),
+                                          rng.standard_normal((k, n), dtype=np.float32)]
+
+    label = f"batch matmul {batch}x{m}x{n}x{k}" if batch else f"matmul {m}x{n}x{k}"
+    return Workload(label, build, np.matmul, 2.0 * m * n * k * max(batch, 1))
+
+
+def _conv(n: int, c: int, h: int, f: int, kh: int, stride: int, pad: int, groups: int = 1) -> Workload:
+    oh = (h + 2 * pad - kh) // stride + 1
+
+    def build() -> tuple[list[Any], list[np.ndarray]]:
+        from cuvil import te
+        from cuvil.te import ops
+
+        rng = np.random.default_rng(0)
+        X = te.placeholder((n, c, h, h), name="X")
+        W = te.placeholder((f, c // groups, kh, kh), name="W")
+        Y = ops.conv2d_nchw(X, W, stride=stride, padding=pad, groups=groups)
+        return [X, W, Y], [rng.standard_normal((n, c, h, h), dtype=np.float32),
+                           rng.standard_normal((f, c // groups, kh, kh), dtype=np.float32)]
+
+    kind = "depthwise" if groups == c and groups > 1 else "conv2d"
+    flops = 2.0 * n * f * oh * oh * (c // groups) * kh * kh
+    return Workload(f"{kind} {c}->{f} {kh}x{kh}/{stride} {h}x{h}", build, None, flops)
+
+
+def _softmax(rows: int, cols: int) -> Workload:
+    def build() -> tuple[list[Any], list[np.ndarray]]:
+        from cuvil import te
+
+        X = te.placeholder((rows, cols), name="X")
+        k1 = te.reduce_axis((0, cols), name="k1")
+        k2 = te.reduce_axis((0, cols), name="k2")
+        mx = te.compute((rows,), lambda i: te.max(X[i, k1], axis=k1), name="mx")
+        e = te.compute((rows, cols), lambda i, j: te.exp(X[i, j] - mx[i]), name="e")
+        s = te.compute((rows,), lambda i: te.sum(e[i, k2], axis=k2), name="s")
+        Y = te.compute((rows, cols), lambda i, j: e[i, j] / s[i], name="softmax")
+        return [X, Y], [np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32)]
+
+    def ref(x: np.ndarray) -> np.ndarray:
+        e = np.exp(x - x.max(1, keepdims=True))
+        return e / e.sum(1, keepdims=True)
+
+    return Workload(f"softmax {rows}x{cols}", build, ref, 0.0, 2.0 * rows * cols * 4)
+
+
+def _layernorm(rows: int, cols: int) -> Workload:
+    def build() -> tuple[list[Any], list[np.ndarray]]:
+        from cuvil import te
+
+        X = te.placeholder((rows, cols), name="X")
+        k1 = te.reduce_axis((0, cols), name="k1")
+        k2 = te.reduce_axis((0, cols), name="k2")
+        mean = te.compute((rows,), lambda i: te.sum(X[i, k1], axis=k1), name="sum")
+        d = te.compute((rows, cols), lambda i, j: X[i, j] - mean[i] / cols, name="d")
+        var = te.compute((rows,), lambda i: te.sum(d[i, k2] * d[i, k2], axis=k2), name="var")
+        Y = te.compute((rows, cols), lambda i, j: d[i, j] * te.rsqrt(var[i] / cols + 1e-5), name="layernorm")
+        return [X, Y], [np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32)]
+
+    def ref(x: np.ndarray) -> np.ndarray:
+        d = x - x.mean(1, keepdims=True)
+        return d / np.sqrt((d * d).mean(1, keepdims=True) + 1e-5)
+
+    return Workload(f"layernorm {rows}x{cols}", build, ref, 0.0, 2.0 * rows * cols * 4)
+
+
+def workloads(quick: bool = False) -> list[Workload]:
+    rows = [_matmul(1024, 1024, 1024), _matmul(1000, 1000, 1000), _matmul(127, 255, 63),
+            _matmul(128, 128, 64, batch=12), _conv(1, 64, 56, 64, 3, 1, 1), _conv(1, 32, 112, 32, 3, 1, 1, groups=32),
+            _softmax(128, 768), _layernorm(128, 768)]
+    if not quick:
+        rows.insert(1, _matmul(4096, 4096, 1024))
+        rows.insert(6, _conv(1, 256, 14, 256, 3, 1, 1))
+    return rows
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    import cuvil
+
+    cuvil.set_num_threads(n)
+    try:
+        from threadpoolctl import threadpool_limits  # type: ignore[import-not-found]
+
+        ctx: Any = threadpool_limits(limits=n)
+    except ImportError:  # numpy then uses its default thread count: said in the header
+        ctx = contextlib.nullcontext()
+    try:
+        with ctx:
+            yield
+    finally:
+        cuvil.set_num_threads(None)
+
+
+def _median(fn: Callable[[], Any], repeat: int) -> float:
+    fn()
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def run(threads: list[int], quick: bool = False, repeat: int = 5) -> int:
+    import cuvil
+
+    try:
+        import threadpoolctl  # type: ignore[import-not-found]  # noqa: F401
+
+        pinned = "numpy pinned with threadpoolctl"
+    except ImportError:
+        pinned = "numpy NOT pinned (pip install threadpoolctl)"
+    print(f"cuvil {cuvil.__version__}, auto_schedule, no tuning; {pinned}; ratio = numpy time / cuvil time")
+    print(f"{'operator':<34}{'compile':>9}{'thr':>4}{'cuvil ms':>10}{'rate':>14}{'numpy ms':>10}{'ratio':>7}")
+    ok = True
+    for w in workloads(quick):
+        args, inputs = w.build()
+        t0 = time.perf_counter()
+        mod = cuvil.build(cuvil.auto_schedule(args), args)
+        compile_s = time.perf_counter() - t0
+        outs = [np.empty([int(d.value) for d in t.shape], t.dtype) for t in args[len(inputs):]]
+        mod(*inputs, *outs)
+        if w.reference is not None:
+            ref = w.reference(*[x.astype(np.float64) for x in inputs])
+            err = float(np.max(np.abs(outs[0] - ref)) / max(np.max(np.abs(ref)), 1e-30))
+            if err > 1e-4:
+                ok = False
+                print(f"{w.name}: WRONG (max rel err {err:.1e})")
+        for th in threads:
+            with _threads(th):
+                t_c = _median(lambda m=mod, i=inputs, o=outs: m(*i, *o), repeat)
+                t_n = (_median(lambda f=w.reference, i=inputs: f(*i), repeat)
+                       if w.reference is not None else None)
+            rate = f"{w.flops / t_c / 1e9:8.1f} GFLOP/s" if w.flops else f"{w.nbytes / t_c / 1e9:8.1f} GB/s  "
+            ref_s = f"{t_n * 1e3:>10.2f}{t_n / t_c:>7.2f}" if t_n is not None else f"{'-':>10}{'-':>7}"
+            print(f"{w.name:<34}{compile_s:>8.2f}s{th:>4}{t_c * 1e3:>10.2f}{rate:>14}{ref_s}")
+    return 0 if ok else 1
