@@ -169,10 +169,12 @@ class AutoScheduler:
     # -- strategies ---------------------------------------------------------------------
     def _tile_sizes(self, c: Contraction, dtype: str) -> tuple[int, int]:
         v = self.lanes(dtype)
-        nr = 2 * v  # two vector registers per row
+        ext_j = const_int(c.j.extent)
+        # two vector registers per row, or one when that divides the columns and two do not
+        nr = v if ext_j is not None and ext_j % (2 * v) and ext_j % v == 0 else 2 * v
         regs = 32 if self.bits >= 512 else 16
         mr = max(1, min(8, (regs - 4) // 2 - 2))  # MR * 2 accumulators + operands fit the register file
-        ext_i, ext_j = const_int(c.i.extent), const_int(c.j.extent)
+        ext_i = const_int(c.i.extent)
         if ext_j is not None and ext_j < nr:
             nr = max(1, ext_j)
         if ext_i is not None and ext_i < mr:
@@ -213,15 +215,17 @@ class AutoScheduler:
         rest = [a for a in outer.leaves if not any(a is b for b in (io, jo, ii, ji))]
         order = rest + ([jo, io] if pack is not None else [io, jo])
         outer.reorder(*order)
-        # fuse the tile loops into one parallel loop, unless a tail tile must stay separable
-        # (isl then splits full tiles, whose inner loops have constant bounds, from the tails)
-        tails = (const_int(oi.extent) or 1) % mr or (const_int(oj.extent) or 1) % nr
+        # fuse the outer loops into one parallel loop, except a tile loop with a tail: fused, its tail
+        # could not be versioned apart (full tiles then keep constant inner bounds)
+        tail = {id(io)} if (const_int(oi.extent) or 1) % mr else set()
+        tail |= {id(jo)} if (const_int(oj.extent) or 1) % nr else set()
         loops = [order[0]]
         for a in order[1:]:
-            if const_int(a.extent) is None or tails:
+            prev = loops[-1]
+            if const_int(a.extent) is None or id(a) in tail or id(prev) in tail or const_int(prev.extent) is None:
                 loops.append(a)
             else:
-                loops[-1] = outer.fuse(loops[-1], a)
+                loops[-1] = outer.fuse(prev, a)
         outer.parallel(loops[0])
         outer.vectorize(ji)
         cache.compute_at(outer, loops[-1])
