@@ -210,7 +210,10 @@ class AstLowering:
         op = e.get_op_type()
         args = [self.expr(e.get_op_arg(i), env) for i in range(e.get_op_n_arg())]
         if op in _BINARY:
-            return _BINARY[op](*args)
+            out = args[0]
+            for a in args[1:]:  # isl's min and max may take more than two arguments
+                out = _BINARY[op](out, a)
+            return out
         if op == _OP.minus:
             return -args[0]
         if op in (_OP.cond, _OP.select):

@@ -88,7 +88,9 @@ def cache_write(sched: Any, tensor: Tensor, scope: str) -> Tensor:
         cache = ComputeOp(sched.fresh_name(f"{op.name}.{scope}"), axes, body)
         stage = sched.new_stage(cache, before=st)
         stage.scope = scope
-        st.set_op(ComputeOp(op.name, op.axis, cache.output(0)[tuple(op.axis)], op.tag, op.attrs))
+        # the copy-out keeps the stage's own layout (a packed copy stays packed)
+        st.set_op(ComputeOp(op.name, op.axis, cache.output(0)[tuple(op.axis)], op.tag, op.attrs, op.shape,
+                            op.store_indices))
         out.append(cache.output(0))
 
     sched.apply(Step("cache_write", st.name, (scope,)), do, check=False)
