@@ -23,15 +23,7 @@ import time
 
 import numpy as np
 
-
-def median_time(fn, repeat: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
+from cuvil.bench import median_time
 
 
 def schedule(n: int, pack: bool):

@@ -17,12 +17,12 @@ import ctypes
 import os
 import subprocess
 import tempfile
-import time
 
 import numpy as np
 
 import cuvil
 from cuvil import te
+from cuvil.bench import median_time
 from cuvil.te import ops
 
 C_SOURCE = r"""
@@ -36,16 +36,6 @@ void matmul(const float *A, const float *B, float *C, int64_t M, int64_t N, int6
         }
 }
 """
-
-
-def median_time(fn, repeat: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
 
 
 def main() -> None:

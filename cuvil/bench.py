@@ -137,7 +137,8 @@ def _threads(n: int) -> Iterator[None]:
         cuvil.set_num_threads(None)
 
 
-def _median(fn: Callable[[], Any], repeat: int) -> float:
+def median_time(fn: Callable[[], Any], repeat: int = 5) -> float:
+    """Median seconds of ``repeat`` calls of ``fn`` after one warm-up call."""
     fn()
     ts = []
     for _ in range(repeat):
@@ -174,8 +175,8 @@ def run(threads: list[int], quick: bool = False, repeat: int = 5) -> int:
                 print(f"{w.name}: WRONG (max rel err {err:.1e})")
         for th in threads:
             with _threads(th):
-                t_c = _median(lambda m=mod, i=inputs, o=outs: m(*i, *o), repeat)
-                t_n = (_median(lambda f=w.reference, i=inputs: f(*i), repeat)
+                t_c = median_time(lambda m=mod, i=inputs, o=outs: m(*i, *o), repeat)
+                t_n = (median_time(lambda f=w.reference, i=inputs: f(*i), repeat)
                        if w.reference is not None else None)
             rate = f"{w.flops / t_c / 1e9:8.1f} GFLOP/s" if w.flops else f"{w.nbytes / t_c / 1e9:8.1f} GB/s  "
             ref_s = f"{t_n * 1e3:>10.2f}{t_n / t_c:>7.2f}" if t_n is not None else f"{'-':>10}{'-':>7}"

@@ -9,19 +9,11 @@ import time
 import numpy as np
 
 
-def _median_time(fn, repeat: int = 5) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
 def demo(size: int = 512) -> int:
     """Build a matmul and a conv2d+relu, check them against numpy, print the times."""
     import cuvil
     from cuvil import te
+    from cuvil.bench import median_time
     from cuvil.te import ops
 
     rng = np.random.default_rng(0)
@@ -45,7 +37,7 @@ def demo(size: int = 512) -> int:
     err = float(np.max(np.abs(c - ref)) / np.max(np.abs(ref)))
     ok &= err < np.sqrt(n) * 1e-7 * 4
     t_ours = f.time(a, b, c, number=1, repeat=3)
-    t_np = _median_time(lambda: a @ b)
+    t_np = median_time(lambda: a @ b)
     print(f"{f'matmul {n}x{n}x{n} (unscheduled)':<34}{t_compile * 1e3:>8.0f}ms"
           f"{t_ours * 1e3:>10.2f}ms{t_np * 1e3:>10.2f}ms{err:>14.2e}")
 
@@ -65,7 +57,7 @@ def demo(size: int = 512) -> int:
     err = float(np.max(np.abs(y - yref)) / np.max(np.abs(yref)))
     ok &= err < np.sqrt(Cin * 9) * 1e-7 * 4
     t_ours = g.time(x, w, y, number=1, repeat=3)
-    t_np = _median_time(lambda: _conv_relu_ref(x, w, np.float32))
+    t_np = median_time(lambda: _conv_relu_ref(x, w, np.float32))
     print(f"{f'conv2d {Cin}->{F} 3x3 {H}x{W} + relu':<34}{t_compile * 1e3:>8.0f}ms"
           f"{t_ours * 1e3:>10.2f}ms{t_np * 1e3:>10.2f}ms{err:>14.2e}")
     print("results match numpy" if ok else "MISMATCH against numpy")
