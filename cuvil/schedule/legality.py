@@ -186,8 +186,18 @@ def _short(um: isl.UnionMap, limit: int = 600) -> str:
 
 
 def check_program(sched: Any, live_out: list[Any]) -> TimeMaps:
-    """The check for a build: ``live_out`` are the stages whose tensors are build outputs."""
-    return check_schedule(sched, None, live_out)
+    """The check for a build: ``live_out`` are the stages whose tensors are build outputs.
+
+    The result is remembered on the schedule for its current trace (every change appends a step), so
+    building a schedule that was just checked for the same outputs costs nothing more.
+    """
+    key = (len(sched.trace), tuple(sorted(id(st) for st in live_out)))
+    cached = getattr(sched, "_checked", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    tm = check_schedule(sched, None, live_out)
+    sched._checked = (key, tm)
+    return tm
 
 
 __all__ = ["check_schedule", "check_program", "build_model"]

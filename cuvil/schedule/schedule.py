@@ -13,7 +13,8 @@ appends a step to ``s.trace``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from cuvil.errors import ScheduleError
@@ -398,6 +399,7 @@ class Schedule:
                 raise ScheduleError(f"create_schedule: output {o.name} is a placeholder, not a computed tensor")
         self.stages: list[Stage] = [Stage(self, op) for op in _post_order(self.outputs)]
         self.trace: list[Step] = []
+        self._deferred = False  # see deferred_checks()
 
     # -- lookup -------------------------------------------------------------------------
     def stage_of(self, x: Tensor | Operation | str) -> Stage | None:
@@ -473,12 +475,31 @@ class Schedule:
         snap = self._snapshot()
         try:
             mutate()
-            if check:
+            if check and not self._deferred:
                 check_schedule(self, step)
         except BaseException:
             self._restore(snap)
             raise
         self.trace.append(step)
+
+    @contextlib.contextmanager
+    def deferred_checks(self, live_out: list[Stage]) -> Iterator[None]:
+        """Apply several primitives, then prove the result legal once (for ``live_out``); on a refusal
+        everything applied inside is undone.  For strategies that are legal by construction."""
+        from cuvil.schedule.legality import check_program
+
+        snap, steps = self._snapshot(), len(self.trace)
+        self._deferred = True
+        try:
+            yield
+            self._deferred = False
+            check_program(self, live_out)
+        except BaseException:
+            self._restore(snap)
+            del self.trace[steps:]
+            raise
+        finally:
+            self._deferred = False
 
     def apply_step(self, step: Step) -> None:
         """Replay one recorded step (axes and stages looked up by name)."""
