@@ -369,3 +369,20 @@ def test_conv2d_with_inlined_padding_and_vectorized_output():
         for dx in range(3):
             ref += np.einsum("fc,nchw->nfhw", wv[:, :, dy, dx], xp[:, :, dy:dy + 9, dx:dx + 9])
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_deferred_checks_prove_the_result_once_and_undo_a_refusal():
+    A, B, C = _mm(8)
+    s = te.create_schedule(C)
+    i, j = s[C].op.axis
+    (k,) = s[C].op.reduce_axis
+    before = str(cuvil.lower(s, [A, B, C]))
+    with pytest.raises(cuvil.ScheduleError, match="carries a flow dependence"):
+        with s.deferred_checks([s[C]]):
+            s[C].split(i, factor=2)
+            s[C].vectorize(k)  # accepted for now: checked when the block ends
+    assert s.trace == [] and str(cuvil.lower(s, [A, B, C])) == before
+    with s.deferred_checks([s[C]]):
+        s[C].reorder(k, j)
+        s[C].vectorize(j)
+    _run_mm(s, A, B, C)
