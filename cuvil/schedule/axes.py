@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from cuvil.ir import expr as E
 from cuvil.ir.expr import Const, Expr, IterVar
-from cuvil.ir.functor import free_vars, substitute
+from cuvil.ir.functor import free_vars
 from cuvil.ir.simplify import simplify_expr
 
 
@@ -83,7 +83,3 @@ def depends_on(value: Expr, axes: tuple[IterVar, ...]) -> bool:
 def const_int(e: Expr) -> int | None:
     e = simplify_expr(e)
     return int(e.value) if isinstance(e, Const) else None
-
-
-def rename_axes(e: Expr, mapping: dict[IterVar, Expr]) -> Expr:
-    return substitute(e, mapping)  # type: ignore[arg-type]

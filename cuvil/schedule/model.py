@@ -68,7 +68,6 @@ class Names:
 
     def __init__(self) -> None:
         self.used: set[str] = set()
-        self.by_id: dict[int, str] = {}
 
     def fresh(self, base: str) -> str:
         base = re.sub(r"\W", "_", base) or "v"
@@ -80,12 +79,6 @@ class Names:
             n = f"{base}_{i}"
         self.used.add(n)
         return n
-
-    def of(self, obj: object, base: str) -> str:
-        key = id(obj)
-        if key not in self.by_id:
-            self.by_id[key] = self.fresh(base)
-        return self.by_id[key]
 
 
 def isl_aff(e: Expr, names: dict[int, str]) -> str | None:
@@ -330,12 +323,6 @@ class PolyModel:
             m = isl.Map(f"{self.param_str} -> {{ {s.name}[{', '.join(s.iter_names)}] -> [{', '.join(dims)}] }}")
             result = result.union(isl.UnionMap.from_map(m.intersect_domain(s.domain)))
         return result
-
-    def statement(self, name: str) -> Statement:
-        for s in self.statements:
-            if s.name == name:
-                return s
-        raise KeyError(name)
 
 
 def build_model(sched: Schedule) -> PolyModel:

@@ -24,7 +24,6 @@ from cuvil.schedule.axes import Fuse, Relation, Split, const_int, derived
 from cuvil.schedule.trace import Step
 from cuvil.te.tensor import Operation, PlaceholderOp, Tensor
 
-LOOP_ANNOTATIONS = ("parallel", "vectorize", "unroll")
 # what a primitive may change on a stage (saved before it, restored if isl refuses it)
 _STAGE_STATE = ("op", "aliases", "scope", "attach", "attach_stage", "attach_axis", "roots", "leaves", "relations",
                 "kinds")

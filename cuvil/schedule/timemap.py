@@ -169,7 +169,7 @@ def _attached_prefix(model: PolyModel, s: Statement, st: Any, by_stage: dict[int
                      inside: dict[int, list[Any]], attach_dim: dict[int, int]) -> tuple[isl.Map, list]:
     consumer = st.attach_stage
     readers = [c for c in by_stage.get(id(consumer), [])
-               if c.name in maps and not c.reads.intersect_range(_range_of(s.writes)).is_empty()]
+               if c.name in maps and not c.reads.intersect_range(s.writes.range()).is_empty()]
     if not readers:
         raise ScheduleError(
             f"{st.name}.compute_at(s[{consumer.name}], {st.attach_axis.name}): {consumer.name} reads nothing "
@@ -195,10 +195,6 @@ def _attached_prefix(model: PolyModel, s: Statement, st: Any, by_stage: dict[int
     pdims = list(dim_leaf[readers[0].name][: d + 1]) + [None]
     assert len(pdims) == n
     return prefix.flat_range_product(slot), pdims
-
-
-def _range_of(um: isl.UnionMap) -> isl.UnionSet:
-    return um.range()
 
 
 def _index(xs: list[Any], x: Any) -> int:
