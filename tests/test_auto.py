@@ -147,3 +147,15 @@ def test_compile_decorator_caches_per_signature():
     assert "parallel" not in two.lowered(x)  # opt_level=0: the te order
     with pytest.raises(cuvil.ArgumentError, match="numpy arrays"):
         two([1, 2, 3])
+
+
+def test_a_transposing_consumer_is_not_taken_for_an_epilogue():
+    m, n, k = 32, 48, 16
+    A = te.placeholder((m, k), name="A")
+    B = te.placeholder((k, n), name="B")
+    C = ops.matmul(A, B)
+    D = te.compute((n, m), lambda j, i: C[i, j] * 2, name="D")  # reads C transposed
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    _, (d,) = _run([A, B, D], [a, b])
+    _close(d, 2 * (a.astype(np.float64) @ b).T, k)

@@ -118,6 +118,14 @@ def _readers(s: Schedule, st: Stage) -> list[Stage]:
     return [r for r in s.compute_stages if s.reads(r, st)]
 
 
+def _reads_at_own_axes(s: Schedule, reader: Stage, producer: Stage) -> bool:
+    """Every read of ``producer`` in ``reader`` is at exactly the reader's own axes (an epilogue)."""
+    reads = [n for n in walk(reader.op.body) if isinstance(n, TensorRead) and s.stage_of(n.tensor) is producer]
+    axes = reader.op.axis
+    return bool(reads) and all(len(r.indices) == len(axes) and all(a is b for a, b in zip(r.indices, axes))
+                               for r in reads)
+
+
 def _reused_by_reduction(s: Schedule, st: Stage) -> bool:
     for r in _readers(s, st):
         if r.op.reduce_axis:
@@ -156,8 +164,11 @@ class AutoScheduler:
         for st in reversed(list(s.compute_stages)):
             c = find_contraction(st.op) if isinstance(st.op, ComputeOp) and st.op.reduce_axis else None
             if c is not None and st.attach == "root":
-                with s.deferred_checks(self.outputs):  # legal by construction: isl checks it once
-                    done.update(self.contraction(st, c))
+                try:
+                    with s.deferred_checks(self.outputs):  # legal by construction: isl checks it once
+                        done.update(self.contraction(st, c))
+                except ScheduleError:  # undone: the stage gets the plain reduction strategy below
+                    pass
         for st in reversed(list(s.compute_stages)):
             if st.attach != "root" or id(st) in done:
                 continue
@@ -190,14 +201,14 @@ class AutoScheduler:
         readers = _readers(s, st)
         epilogue = (
             len(readers) == 1 and _elementwise(readers[0]) and readers[0].attach == "root"
-            and not any(st is o for o in self.outputs)
-            and len(readers[0].op.axis) == len(op.axis)
+            and not any(st is o for o in self.outputs) and _reads_at_own_axes(s, readers[0], st)
         )
         if pack is not None:
             pvec, layout = pack
             packed = s.cache_read(pvec, "global", [op.output(0)], layout=layout)
             ps = s[packed]
-            ps.parallel(ps.op.axis[0]) if const_int(ps.op.axis[0].extent) else None
+            if const_int(ps.op.axis[0].extent):
+                ps.parallel(ps.op.axis[0])
             c = find_contraction(st.op) or c  # the op was rewritten to read the packed copy
             op = st.op
         if epilogue:
