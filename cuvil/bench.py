@@ -1,4 +1,4 @@
-"""``cuvil bench --ops``: auto-scheduled operators beside numpy (and onnxruntime where installed).
+"""``cuvil bench --ops``: auto-scheduled operators beside numpy and onnxruntime (one-node models).
 
 Each row builds one operator with ``auto_schedule`` (no tuning), checks it
 against the reference, and prints the median time, GFLOP/s (or GB/s for
@@ -25,6 +25,22 @@ class Workload:
     reference: Callable[..., np.ndarray] | None  # numpy version of the operator (timed too), or None
     flops: float  # 0 for memory-bound rows (then bytes are used)
     nbytes: float = 0.0
+    onnx: Callable[[list[np.ndarray]], Any] | None = None  # a one-node ONNX model of the operator
+
+
+def _onnx_model(op: str, inputs: list[np.ndarray], out_shape: tuple[int, ...],
+                inits: dict[str, np.ndarray] | None = None, **attrs: Any) -> Any:
+    """A one-node float32 ONNX model: inputs x0, x1, ... (+ initializers), output y."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    names = [f"x{k}" for k in range(len(inputs))]
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(a.shape)) for n, a in zip(names, inputs)]
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))
+    inits = inits or {}
+    node = helper.make_node(op, names + list(inits), ["y"], **attrs)
+    graph = helper.make_graph([node], op.lower(), ins, [out],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def _matmul(m: int, n: int, k: int, batch: int = 0) -> Workload:
@@ -47,7 +63,9 @@ def _matmul(m: int, n: int, k: int, batch: int = 0) -> Workload:
                                           rng.standard_normal((k, n), dtype=np.float32)]
 
     label = f"batch matmul {batch}x{m}x{n}x{k}" if batch else f"matmul {m}x{n}x{k}"
-    return Workload(label, build, np.matmul, 2.0 * m * n * k * max(batch, 1))
+    shape = (batch, m, n) if batch else (m, n)
+    return Workload(label, build, np.matmul, 2.0 * m * n * k * max(batch, 1),
+                    onnx=lambda xs: _onnx_model("MatMul", xs, shape))
 
 
 def _conv(n: int, c: int, h: int, f: int, kh: int, stride: int, pad: int, groups: int = 1) -> Workload:
@@ -66,7 +84,9 @@ def _conv(n: int, c: int, h: int, f: int, kh: int, stride: int, pad: int, groups
 
     kind = "depthwise" if groups == c and groups > 1 else "conv2d"
     flops = 2.0 * n * f * oh * oh * (c // groups) * kh * kh
-    return Workload(f"{kind} {c}->{f} {kh}x{kh}/{stride} {h}x{h}", build, None, flops)
+    return Workload(f"{kind} {c}->{f} {kh}x{kh}/{stride} {h}x{h}", build, None, flops,
+                    onnx=lambda xs: _onnx_model("Conv", xs, (n, f, oh, oh), strides=[stride] * 2, pads=[pad] * 4,
+                                                group=groups))
 
 
 def _softmax(rows: int, cols: int) -> Workload:
@@ -86,7 +106,8 @@ def _softmax(rows: int, cols: int) -> Workload:
         e = np.exp(x - x.max(1, keepdims=True))
         return e / e.sum(1, keepdims=True)
 
-    return Workload(f"softmax {rows}x{cols}", build, ref, 0.0, 2.0 * rows * cols * 4)
+    return Workload(f"softmax {rows}x{cols}", build, ref, 0.0, 2.0 * rows * cols * 4,
+                    onnx=lambda xs: _onnx_model("Softmax", xs, (rows, cols), axis=1))
 
 
 def _layernorm(rows: int, cols: int) -> Workload:
@@ -106,7 +127,9 @@ def _layernorm(rows: int, cols: int) -> Workload:
         d = x - x.mean(1, keepdims=True)
         return d / np.sqrt((d * d).mean(1, keepdims=True) + 1e-5)
 
-    return Workload(f"layernorm {rows}x{cols}", build, ref, 0.0, 2.0 * rows * cols * 4)
+    return Workload(f"layernorm {rows}x{cols}", build, ref, 0.0, 2.0 * rows * cols * 4,
+                    onnx=lambda xs: _onnx_model("LayerNormalization", xs, (rows, cols),
+                                                {"scale": np.ones(cols, np.float32)}, axis=-1, epsilon=1e-5))
 
 
 def workloads(quick: bool = False) -> list[Workload]:
@@ -148,8 +171,24 @@ def median_time(fn: Callable[[], Any], repeat: int = 5) -> float:
     return float(np.median(ts))
 
 
+def _ort_session(model: Any, threads: int) -> Any:
+    import onnxruntime as ort  # type: ignore[import-not-found]
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
 def run(threads: list[int], quick: bool = False, repeat: int = 5) -> int:
     import cuvil
+
+    try:
+        import onnxruntime  # type: ignore[import-not-found]  # noqa: F401
+
+        have_ort = True
+    except ImportError:
+        have_ort = False
 
     try:
         import threadpoolctl  # type: ignore[import-not-found]  # noqa: F401
@@ -157,8 +196,10 @@ def run(threads: list[int], quick: bool = False, repeat: int = 5) -> int:
         pinned = "numpy pinned with threadpoolctl"
     except ImportError:
         pinned = "numpy NOT pinned (pip install threadpoolctl)"
-    print(f"cuvil {cuvil.__version__}, auto_schedule, no tuning; {pinned}; ratio = numpy time / cuvil time")
-    print(f"{'operator':<34}{'compile':>9}{'thr':>4}{'cuvil ms':>10}{'rate':>14}{'numpy ms':>10}{'ratio':>7}")
+    print(f"cuvil {cuvil.__version__}, auto_schedule, no tuning; {pinned}; ratio = reference time / cuvil time"
+          + ("" if have_ort else "; onnxruntime not installed (pip install -e '.[bench]')"))
+    print(f"{'operator':<34}{'compile':>9}{'thr':>4}{'cuvil ms':>10}{'rate':>14}{'numpy ms':>10}{'ratio':>7}"
+          f"{'ort ms':>9}{'ratio':>7}")
     ok = True
     for w in workloads(quick):
         args, inputs = w.build()
@@ -178,7 +219,17 @@ def run(threads: list[int], quick: bool = False, repeat: int = 5) -> int:
                 t_c = median_time(lambda m=mod, i=inputs, o=outs: m(*i, *o), repeat)
                 t_n = (median_time(lambda f=w.reference, i=inputs: f(*i), repeat)
                        if w.reference is not None else None)
+            t_o = None
+            if have_ort and w.onnx is not None:
+                sess = _ort_session(w.onnx(inputs), th)
+                feeds = {f"x{k}": x for k, x in enumerate(inputs)}
+                got = sess.run(None, feeds)[0]
+                if not np.allclose(got, outs[0], rtol=1e-3, atol=1e-3):
+                    ok = False
+                    print(f"{w.name}: cuvil and onnxruntime disagree")
+                t_o = median_time(lambda s_=sess, f_=feeds: s_.run(None, f_), repeat)
             rate = f"{w.flops / t_c / 1e9:8.1f} GFLOP/s" if w.flops else f"{w.nbytes / t_c / 1e9:8.1f} GB/s  "
             ref_s = f"{t_n * 1e3:>10.2f}{t_n / t_c:>7.2f}" if t_n is not None else f"{'-':>10}{'-':>7}"
-            print(f"{w.name:<34}{compile_s:>8.2f}s{th:>4}{t_c * 1e3:>10.2f}{rate:>14}{ref_s}")
+            ort_s = f"{t_o * 1e3:>9.2f}{t_o / t_c:>7.2f}" if t_o is not None else f"{'-':>9}{'-':>7}"
+            print(f"{w.name:<34}{compile_s:>8.2f}s{th:>4}{t_c * 1e3:>10.2f}{rate:>14}{ref_s}{ort_s}")
     return 0 if ok else 1

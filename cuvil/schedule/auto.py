@@ -38,6 +38,8 @@ from cuvil.schedule.axes import const_int
 from cuvil.schedule.schedule import Schedule, Stage
 from cuvil.te.tensor import ComputeOp, PlaceholderOp, Tensor
 
+PARALLEL_MIN_WORK = 1 << 22  # multiply-adds a contraction needs before its tile loop runs on threads
+
 
 @dataclass(frozen=True)
 class Contraction:
@@ -238,7 +240,8 @@ class AutoScheduler:
                 loops.append(a)
             else:
                 loops[-1] = outer.fuse(prev, a)
-        outer.parallel(loops[0])
+        if self._work(st) >= PARALLEL_MIN_WORK:  # below it, waking the threads costs more than it saves
+            outer.parallel(loops[0])
         outer.vectorize(ji)
         cache.compute_at(outer, loops[-1])
         ci = c.i if not epilogue else c.i
@@ -285,6 +288,14 @@ class AutoScheduler:
                 st.parallel(st.leaves[0])
             except ScheduleError:
                 pass
+
+    @staticmethod
+    def _work(st: Stage) -> int:
+        total = 1
+        for a in st.roots:
+            e = const_int(a.extent)
+            total *= e if e is not None else 1024
+        return total
 
     def _big(self, st: Stage) -> bool:
         total = 1
