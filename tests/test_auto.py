@@ -94,7 +94,9 @@ def test_softmax_and_symbolic_elementwise():
     sm = te.compute((R,), lambda i: te.sum(e[i, k2], axis=k2), name="sm")
     Y = te.compute((R, C), lambda i, j: e[i, j] / sm[i], name="Y")
     x = rng.standard_normal((R, C), dtype=np.float32)
-    _, (y,) = _run([X, Y], [x])
+    s, (y,) = _run([X, Y], [x])
+    # row reductions become vector-lane partial results (rfactor) and a short lane reduction
+    assert [st.stage for st in s.trace if st.op == "rfactor"] == ["sm", "mx"]
     ex = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
     np.testing.assert_allclose(y, ex / ex.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
 

@@ -108,6 +108,10 @@ def find_contraction(op: ComputeOp) -> Contraction | None:
     return None
 
 
+def dt_float(dtype: str) -> bool:
+    return dtype in ("float16", "float32", "float64")
+
+
 def _pos(seq: Sequence[Any], x: Any) -> int:
     return next(k for k, a in enumerate(seq) if a is x)
 
@@ -266,9 +270,44 @@ class AutoScheduler:
         return t, (lambda k, j: (j // nr, k, j % nr))
 
     def reduction(self, st: Stage) -> None:
+        if self._vector_reduction(st):
+            return
         data = [a for a in st.leaves if a.kind == "data"]
         if data and self._big(st):
             st.parallel(data[0])
+
+    def _vector_reduction(self, st: Stage) -> bool:
+        """A row reduction over one unit-stride axis: ``v`` partial results in vector lanes (rfactor; the
+        reassociation is explicit in the schedule), then a short serial reduction of the lanes::
+
+            S.rf[i, l] = reduce(r.outer) X[i, r.outer * v + l]      (l vectorised)
+            S[i] = reduce(l) S.rf[i, l]
+        """
+        op = st.op
+        if not isinstance(op, ComputeOp) or len(op.reduce_axis) != 1 or op.body.where is not None:
+            return False
+        (r,) = op.reduce_axis
+        v = self.lanes(op.dtype)
+        ext = const_int(r.extent)
+        if ext is None or ext % v or ext < 4 * v or not dt_float(op.dtype):
+            return False
+        reads = [n for n in walk(op.body.source) if isinstance(n, TensorRead)]
+        if not reads or not all(_unit_stride_last(x, r) for x in reads):
+            return False
+        try:
+            with self.s.deferred_checks(self.outputs):
+                _, ri = st.split(r, factor=v)
+                rf = self.s[self.s.rfactor(op.output(0), ri, factor_axis=len(op.axis))]
+                lane = rf.op.axis[-1]
+                (ro,) = rf.op.reduce_axis
+                rf.reorder(ro, lane)
+                rf.vectorize(lane)
+                for stage in (rf, st):
+                    if stage.op.axis and self._big(rf):
+                        stage.parallel(stage.leaves[0])
+        except ScheduleError:
+            return False
+        return True
 
     def elementwise(self, st: Stage) -> None:
         axes = list(st.leaves)
