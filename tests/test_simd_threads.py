@@ -431,3 +431,34 @@ def test_export_and_load_a_parallel_kernel(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "ok", proc.stderr
     assert load(path).name == "rows"
+
+
+def test_remainder_uses_narrower_vectors():
+    # a constant extent of 24: one 16-lane vector, then one 8-lane vector, and no scalar tail loop
+    import cuvil
+    from cuvil import te
+
+    X = te.placeholder((24,), name="X")
+    Y = te.compute((24,), lambda i: X[i] * 3.0 + 1.0, name="Y")
+    s = te.create_schedule(Y)
+    s[Y].vectorize(s[Y].op.axis[0])
+    f = cuvil.build(s, [X, Y])
+    text = f.get_source("llvm-unopt")
+    assert "<16 x float>" in text and "<8 x float>" in text and ".tail" not in text
+    x = np.arange(24, dtype=np.float32)
+    y = np.empty_like(x)
+    f(x, y)
+    np.testing.assert_array_equal(y, x * np.float32(3) + np.float32(1))
+    # a run-time extent: each remainder width is taken when it fits
+    m = te.var("m")
+    X2 = te.placeholder((m,), name="X2")
+    Y2 = te.compute((m,), lambda i: X2[i] + 1.0, name="Y2")
+    s2 = te.create_schedule(Y2)
+    io, ii = s2[Y2].split(s2[Y2].op.axis[0], factor=32)
+    s2[Y2].vectorize(ii)
+    g = cuvil.build(s2, [X2, Y2])
+    for n in range(0, 70):
+        x = np.arange(n, dtype=np.float32)
+        y = np.full(n, np.nan, np.float32)
+        g(x, y)
+        np.testing.assert_array_equal(y, x + 1)

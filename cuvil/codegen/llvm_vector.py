@@ -197,8 +197,8 @@ class VectorLoops:
             n_vec = b.and_(ext, ir.Constant(t, -lanes & ((1 << t.width) - 1)))
             has_tail = True
 
-        def vector_body(c: ir.Value) -> None:
-            self.vector_stmt(s.body, s.var, self.builder.add(lo, c), lanes)
+        def vector_body(c: ir.Value, width: int = lanes) -> None:
+            self.vector_stmt(s.body, s.var, self.builder.add(lo, c), width)
 
         def scalar_body(c: ir.Value) -> None:
             self.env[s.var] = self.builder.add(lo, c)
@@ -210,7 +210,22 @@ class VectorLoops:
         else:
             self.counted_loop(f"{s.var.name}.vec", t, ir.Constant(t, 0), n_vec, lanes, signed, vector_body)
         if has_tail:
-            self.counted_loop(f"{s.var.name}.tail", t, n_vec, ext, 1, signed, scalar_body)
+            # the remainder in narrower vectors (lanes/2, lanes/4, ... down to 2), then scalars
+            pos: ir.Value = n_vec
+            width = lanes // 2
+            while width >= 2:
+                if ext_const is not None:
+                    if ext_const - int(pos.constant) >= width:  # type: ignore[union-attr]
+                        vector_body(pos, width)
+                        pos = ir.Constant(t, int(pos.constant) + width)  # type: ignore[union-attr]
+                else:
+                    fits = (b.icmp_signed if signed else b.icmp_unsigned)(">=", b.sub(ext, pos), ir.Constant(t, width))
+                    with b.if_then(fits):
+                        vector_body(pos, width)
+                    pos = b.select(fits, b.add(pos, ir.Constant(t, width)), pos)
+                width //= 2
+            if ext_const is None or int(pos.constant) < ext_const:  # type: ignore[union-attr]
+                self.counted_loop(f"{s.var.name}.tail", t, pos, ext, 1, signed, scalar_body)
 
     # -- statements in a vector body --------------------------------------------------------
     def vector_stmt(self, s: Stmt, var: Var, base: ir.Value, lanes: int) -> None:
