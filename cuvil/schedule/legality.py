@@ -200,4 +200,4 @@ def check_program(sched: Any, live_out: list[Any]) -> TimeMaps:
     return tm
 
 
-__all__ = ["check_schedule", "check_program", "build_model"]
+__all__ = ["check_schedule", "check_program"]

@@ -7,11 +7,13 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from cuvil import dtype as dt
 from cuvil.errors import DTypeError, ShapeError
 from cuvil.ir import expr as E
 from cuvil.ir.expr import Expr, IterVar, Reduce, Var
-from cuvil.ir.functor import walk
+from cuvil.ir.functor import structural_equal, walk
 from cuvil.te.tensor import ComputeOp, PlaceholderOp, Tensor
 
 _counter = [0]
@@ -44,13 +46,8 @@ def _extent(value: Any, what: str) -> Expr:
             if isinstance(n, E.TensorRead):
                 raise ShapeError(f"{what}: extent {value} reads a tensor; sizes must be ints or te.var")
         return value if value.dtype == "int64" else E.Cast("int64", value)
-    try:
-        import numpy as np
-
-        if isinstance(value, np.integer):
-            return _extent(int(value), what)
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(value, np.integer):
+        return _extent(int(value), what)
     raise ShapeError(f"{what}: extent {value!r} is not an int or a te.var expression")
 
 
@@ -72,15 +69,14 @@ def reduce_axis(dom: Any, name: str = "rv") -> IterVar:
     """A reduction axis over ``range(lo, hi)`` given as ``(lo, hi)``."""
     if not isinstance(dom, (tuple, list)) or len(dom) != 2:
         raise ShapeError(f"reduce_axis {name!r}: dom must be (min, max), got {dom!r}")
-    lo = _extent(dom[0], f"reduce_axis {name}") if not isinstance(dom[0], Expr) else dom[0]
+    lo = dom[0] if isinstance(dom[0], Expr) else _extent(dom[0], f"reduce_axis {name}")
     hi = dom[1]
-    lo_e = lo if isinstance(lo, Expr) else E.const(lo, "int64")
-    extent = E.as_expr(hi, "int64") - lo_e
+    extent = E.as_expr(hi, "int64") - lo
     if isinstance(hi, int) and isinstance(dom[0], int):
         if hi < dom[0]:
             raise ShapeError(f"reduce_axis {name!r}: empty range {dom!r}")
         extent = E.const(hi - dom[0], "int64")
-    return IterVar("int64", name, lo_e, extent, "reduce")
+    return IterVar("int64", name, lo, extent, "reduce")
 
 
 def compute(
@@ -333,7 +329,7 @@ def scan(init: Tensor, update: Tensor, state_placeholder: Tensor, inputs: Any = 
         raise ShapeError(f"te.scan {name}: the state must be a te.placeholder")
     for d in range(1, update.ndim):
         for what, t in (("init", init), ("update", update)):
-            if not te_equal(t.shape[d], state_placeholder.shape[d]):
+            if not structural_equal(t.shape[d], state_placeholder.shape[d]):
                 raise ShapeError(f"te.scan {name}: {what} dimension {d} is {t.shape[d]}, the state's is "
                                  f"{state_placeholder.shape[d]}")
     axis = tuple(IterVar("int64", a.name, E.const(0, "int64"), ext, "data")
@@ -349,18 +345,6 @@ def scan(init: Tensor, update: Tensor, state_placeholder: Tensor, inputs: Any = 
     op.init_body = _State().visit(substitute(init.op.body, dict(zip(init.op.axis, axis))))
     op.update_body = _State().visit(substitute(update.op.body, dict(zip(update.op.axis, axis))))
     return out
-
-
-def te_equal(a: Any, b: Any) -> bool:
-    from cuvil.ir.functor import structural_equal as se
-
-    return se(a, b)
-
-
-def structural_equal(a: Any, b: Any) -> bool:
-    from cuvil.ir.functor import structural_equal as se
-
-    return se(a, b)
 
 
 def create_schedule(outputs: Tensor | Any | Sequence[Any]) -> Any:
