@@ -4,7 +4,11 @@ A target is written as a string and parsed once (instances are cached)::
 
     Target("llvm")                      # this host: triple, CPU and features from LLVM
     Target("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76 -mattr=+neon")
-    Target("cuda -arch=sm_90")          # parses; building for it is not supported yet
+    Target("cuda -arch=sm_90")          # PTX through NVRTC (see docs/cuda.md)
+
+Known ARM CPUs (:data:`ARM_CPUS`: Cortex-A53/A72/A76, Neoverse N1/V1/V2) bring
+their caches, core counts and default features (NEON, and SVE where the CPU
+has it) when ``-mcpu`` names them.
 
 ``canonical`` spells out the triple, CPU and enabled features in a stable
 order; tuning records and compile caches are keyed by it.  ``vector_bits``,
@@ -22,6 +26,30 @@ from typing import Any
 from cuvil.errors import TargetError
 
 _DEFAULT_CACHES = {"l1": 32 * 1024, "l2": 1024 * 1024, "l3": 8 * 1024 * 1024}
+
+
+class CpuInfo:
+    """What the cost models need to know about a CPU that is not this host."""
+
+    __slots__ = ("cores", "features", "l1", "l2", "l3", "sve_bits")
+
+    def __init__(self, cores: int, features: str, l1: int, l2: int, l3: int, sve_bits: int = 0):
+        self.cores, self.features, self.sve_bits = cores, features, sve_bits
+        self.l1, self.l2, self.l3 = l1, l2, l3
+
+
+_K, _M = 1 << 10, 1 << 20
+# typical boards/instances: L1 data per core; L2 per core (per cluster for the A53/A72); L3 or system cache
+ARM_CPUS: dict[str, CpuInfo] = {
+    "cortex-a53": CpuInfo(4, "+neon", 32 * _K, 512 * _K, 0),  # Raspberry Pi 3
+    "cortex-a72": CpuInfo(4, "+neon,+crc", 32 * _K, 1 * _M, 0),  # Raspberry Pi 4 (shared 1 MiB L2)
+    "cortex-a76": CpuInfo(4, "+neon,+crc,+dotprod,+fullfp16", 64 * _K, 512 * _K, 2 * _M),  # Raspberry Pi 5
+    "neoverse-n1": CpuInfo(64, "+neon,+crc,+dotprod,+fullfp16", 64 * _K, 1 * _M, 32 * _M),  # AWS Graviton2
+    "neoverse-v1": CpuInfo(64, "+neon,+crc,+dotprod,+fullfp16,+sve,+bf16", 64 * _K, 1 * _M, 32 * _M,
+                           sve_bits=256),  # AWS Graviton3
+    "neoverse-v2": CpuInfo(72, "+neon,+crc,+dotprod,+fullfp16,+sve,+sve2,+bf16", 64 * _K, 1 * _M, 114 * _M,
+                           sve_bits=128),  # NVIDIA Grace
+}
 _OPTIONS = {"llvm": ("mtriple", "mcpu", "mattr", "num-cores"), "cuda": ("arch",)}
 
 
@@ -94,7 +122,13 @@ class Target:
                 self.cpu = opts.get("mcpu", "generic")
                 self.features = _parse_mattr(opts.get("mattr", ""), spec)
             _check_llvm_target(self.triple, spec)
-            default_cores = (os.cpu_count() or 1) if self.is_host else 4
+            info = ARM_CPUS.get(self.cpu) if self.triple.startswith("aarch64") and not host_cpu else None
+            if info is not None:
+                self.features = _merge_features(info.features, self.features)
+                caches.update(l1=info.l1, l2=info.l2, l3=info.l3)
+            elif self.triple.startswith("aarch64") and not host_cpu and "neon" not in self.features:
+                self.features = _merge_features("+neon", self.features)  # every AArch64 CPU has NEON
+            default_cores = (os.cpu_count() or 1) if self.is_host else info.cores if info is not None else 4
             try:
                 self.num_cores = int(opts.get("num-cores", default_cores))
             except ValueError:
@@ -127,6 +161,12 @@ class Target:
         if any(f.startswith("sse") for f in feats) or "neon" in feats or self.triple.startswith(("x86_64", "aarch64")):
             return 128
         return 0
+
+    @property
+    def sve_bits(self) -> int:
+        """SVE vector length of a known ARM CPU with SVE enabled (0 otherwise); code stays NEON-wide."""
+        info = ARM_CPUS.get(self.cpu)
+        return info.sve_bits if info is not None and "sve" in self.enabled_features else 0
 
     def vector_lanes(self, dtype_bits: int) -> int:
         return max(1, self.vector_bits // dtype_bits)
@@ -161,6 +201,14 @@ def _parse_mattr(mattr: str, spec: str) -> str:
         if not re.fullmatch(r"[+-][a-z0-9_.-]+", f):
             raise TargetError(f"feature {f!r} in {spec!r} must be +name or -name (e.g. -mattr=+avx2,+fma)")
     return ",".join(feats)
+
+
+def _merge_features(defaults: str, given: str) -> str:
+    """``defaults`` overridden by ``given`` (a "-sve" in ``given`` removes the default "+sve")."""
+    out: dict[str, str] = {}
+    for f in [x for x in defaults.split(",") if x] + [x for x in given.split(",") if x]:
+        out[f[1:]] = f[0]
+    return ",".join(sign + name for name, sign in out.items())
 
 
 def _check_llvm_target(triple: str, spec: str) -> None:

@@ -22,6 +22,7 @@ class LoadedModule(NativeFunction):
 
     def __init__(self, path: str, name: str | None = None):
         self.path = path
+        _check_machine(path)
         try:
             self._lib = ctypes.CDLL(os.path.abspath(path))
         except OSError as exc:
@@ -44,6 +45,29 @@ class LoadedModule(NativeFunction):
 
     def __repr__(self) -> str:
         return f"<cuvil LoadedModule {self.plan.signature()} from {self.path}>"
+
+
+_ELF_MACHINES = {3: "x86 (32-bit)", 40: "arm (32-bit)", 62: "x86_64", 183: "aarch64", 243: "riscv"}
+
+
+def _check_machine(path: str) -> None:
+    """Refuse a library built for another CPU (dlopen would say only 'cannot open shared object file')."""
+    import platform
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError as exc:
+        raise ArgumentError(f"cannot load the library {path!r}: {exc}") from None
+    if len(head) < 20 or head[:4] != b"\x7fELF":
+        return  # not ELF (e.g. macOS): let the loader say what it thinks
+    machine = int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
+    host = {"x86_64": 62, "amd64": 62, "aarch64": 183, "arm64": 183}.get(platform.machine().lower())
+    if host is not None and machine != host:
+        from cuvil.errors import TargetError
+
+        raise TargetError(f"{path} is a library for {_ELF_MACHINES.get(machine, f'ELF machine {machine}')}, "
+                          f"not for this {platform.machine()} machine: run it on its target (or under qemu)")
 
 
 def _read_json(lib: Any, symbol: str, path: str) -> Any:

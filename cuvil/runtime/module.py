@@ -107,10 +107,7 @@ class Module(NativeFunction):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise ArgumentError(f"function name {name!r} is not a C identifier; cannot export it")
         if cc is None:
-            if not self.target.is_host:
-                raise TargetError(f"exporting for {self.target.canonical!r} needs a cross linker: "
-                                  "pass cc='aarch64-linux-gnu-gcc' (or similar)")
-            cc = "cc"
+            cc = "cc" if self.target.is_host else cross_compiler(self.target.triple)
         if shutil.which(cc) is None:
             raise TargetError(f"cannot link a shared library: the C compiler {cc!r} is not on PATH")
         path = os.fspath(path)
@@ -130,6 +127,17 @@ class Module(NativeFunction):
         with open(os.path.splitext(path)[0] + ".h", "w") as f:
             f.write(c_header(self.meta, self.uses_threads))
         return path
+
+
+def cross_compiler(triple: str) -> str:
+    """The GNU cross compiler that links for ``triple`` (``aarch64-linux-gnu-gcc``), if it is on PATH."""
+    arch = triple.split("-")[0]
+    names = [f"{arch}-linux-gnu-gcc", f"{triple}-gcc"]
+    for name in names:
+        if shutil.which(name):
+            return name
+    raise TargetError(f"exporting for {triple!r} needs a cross linker: none of {', '.join(names)} is on PATH "
+                      f"(Debian: apt-get install gcc-{arch.replace('_', '-')}-linux-gnu), or pass cc=...")
 
 
 def c_header(meta: dict[str, Any], uses_threads: bool = False) -> str:
