@@ -203,6 +203,7 @@ class AutoScheduler:
         s = self.s
         op: ComputeOp = st.op
         mr, nr = self._tile_sizes(c, op.dtype)
+        work = self._work(st)  # multiply-adds, counted before cache_write moves the reduction away
         pack = self._packable(c, nr)
         readers = _readers(s, st)
         epilogue = (
@@ -244,7 +245,7 @@ class AutoScheduler:
                 loops.append(a)
             else:
                 loops[-1] = outer.fuse(prev, a)
-        if self._work(st) >= PARALLEL_MIN_WORK:  # below it, waking the threads costs more than it saves
+        if work >= PARALLEL_MIN_WORK:  # below it, waking the threads costs more than it saves
             outer.parallel(loops[0])
         outer.vectorize(ji)
         cache.compute_at(outer, loops[-1])
