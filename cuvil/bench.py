@@ -138,7 +138,13 @@ def workloads(quick: bool = False) -> list[Workload]:
             _softmax(128, 768), _layernorm(128, 768)]
     if not quick:
         rows.insert(1, _matmul(4096, 4096, 1024))
-        rows.insert(6, _conv(1, 256, 14, 256, 3, 1, 1))
+        # the other ResNet-50 layer shapes: 3x3 at every stage, 1x1 reductions/expansions, a strided 3x3
+        rows[6:6] = [_conv(1, 128, 28, 128, 3, 1, 1), _conv(1, 256, 14, 256, 3, 1, 1), _conv(1, 512, 7, 512, 3, 1, 1),
+                     _conv(1, 256, 56, 64, 1, 1, 0), _conv(1, 64, 56, 256, 1, 1, 0), _conv(1, 1024, 14, 256, 1, 1, 0),
+                     _conv(1, 128, 56, 128, 3, 2, 1)]
+        # MobileNetV2's depthwise layers after the first
+        rows[14:14] = [_conv(1, 144, 56, 144, 3, 1, 1, groups=144), _conv(1, 384, 14, 384, 3, 1, 1, groups=384),
+                       _conv(1, 960, 7, 960, 3, 1, 1, groups=960)]
     return rows
 
 
@@ -180,7 +186,7 @@ def _ort_session(model: Any, threads: int) -> Any:
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-def run(threads: list[int], quick: bool = False, repeat: int = 5) -> int:
+def run(threads: list[int], quick: bool = False, repeat: int = 5, only: str | None = None) -> int:
     import cuvil
 
     try:
@@ -202,6 +208,8 @@ def run(threads: list[int], quick: bool = False, repeat: int = 5) -> int:
           f"{'ort ms':>9}{'ratio':>7}")
     ok = True
     for w in workloads(quick):
+        if only is not None and only not in w.name:
+            continue
         args, inputs = w.build()
         t0 = time.perf_counter()
         mod = cuvil.build(cuvil.auto_schedule(args), args)

@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     p_bench.add_argument("--ops", action="store_true", help="the operator table (the default)")
     p_bench.add_argument("--threads", default="1,2", help="thread counts, e.g. 1,2")
     p_bench.add_argument("--quick", action="store_true", help="skip the largest shapes")
+    p_bench.add_argument("--only", default=None, help="only the rows whose name contains this text")
     args = parser.parse_args(argv)
     if args.version:
         import cuvil
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "bench":
         from cuvil.bench import run
 
-        return run([int(x) for x in args.threads.split(",")], quick=args.quick)
+        return run([int(x) for x in args.threads.split(",")], quick=args.quick, only=args.only)
     parser.print_help()
     return 0
 

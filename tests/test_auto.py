@@ -84,6 +84,32 @@ def test_conv2d_relu():
     _close(y, np.maximum(ref, 0), 72)
 
 
+def _conv_ref(x, w, pad):
+    n, c, h, wd = x.shape
+    f, _, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = h + 2 * pad - kh + 1, wd + 2 * pad - kw + 1
+    ref = np.zeros((n, f, oh, ow))
+    for dy in range(kh):
+        for dx in range(kw):
+            ref += np.einsum("fc,nchw->nfhw", w[:, :, dy, dx], xp[:, :, dy:dy + oh, dx:dx + ow])
+    return ref
+
+
+def test_small_image_conv_vectorises_over_filters():
+    # a 7x7 image leaves 7 of 16 lanes busy along x; with the weights packed into 32-filter panels the
+    # tile is 7 pixels x 32 filters (14 accumulators), and the tile's local buffer keeps filters innermost
+    X = te.placeholder((1, 96, 7, 7), name="X")
+    W = te.placeholder((96, 96, 3, 3), name="W")
+    Y = ops.relu(ops.conv2d_nchw(X, W, stride=1, padding=1))
+    x = rng.standard_normal((1, 96, 7, 7), dtype=np.float32)
+    w = rng.standard_normal((96, 96, 3, 3), dtype=np.float32)
+    s, (y,) = _run([X, W, Y], [x, w])
+    assert [st.stage for st in s.trace if st.op == "cache_read"] == ["W"]
+    assert "[1, 1, 7, 32];" in str(cuvil.lower(s, [X, W, Y]))
+    _close(y, np.maximum(_conv_ref(x, w, 1), 0), 96 * 9)
+
+
 def test_softmax_and_symbolic_elementwise():
     R, C = 16, 96
     X = te.placeholder((R, C), name="X")

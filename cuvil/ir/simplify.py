@@ -141,12 +141,17 @@ def _divmod(e: Binary, a: Expr, c: int, bounds: Bounds) -> Expr | None:
             rest[key] = (t, k)
     rng = _interval(rest, lin[1], bounds)
     if rng is None or rng[0] // c != rng[1] // c:
-        if not quot:
+        cq, cr = divmod(lin[1], c)  # whole multiples of c in the constant leave the division too
+        if e.op == "floordiv" and rest and all(k < 0 for _, k in rest.values()):
+            # (-r + cr) // c == -((r + c - 1 - cr) // c): the same quotient as a positive one, to cancel
+            pos = {key: (t, -k) for key, (t, k) in rest.items()}
+            neg = Binary("int64", "floordiv", _rebuild(pos, c - 1 - cr), e.b)
+            return Binary("int64", "sub", _rebuild(quot, cq), neg)
+        if not quot and cq == 0:
             return None
-        qpart = _rebuild(quot, 0)
-        r = _rebuild(rest, lin[1])
+        r = _rebuild(rest, cr)
         if e.op == "floordiv":
-            return qpart + Binary("int64", "floordiv", r, e.b)
+            return _rebuild(quot, cq) + Binary("int64", "floordiv", r, e.b)
         return Binary("int64", "floormod", r, e.b)
     k0 = rng[0] // c
     if e.op == "floordiv":

@@ -75,14 +75,14 @@ class AstLowering:
         self.reads = _Reads(self.access)
         self.buffer_of = buffer_of
         self.storage = storage or {}
-        self.local: dict[int, tuple[Buffer, tuple[Expr, ...]]] = {}  # id(stage) -> (buffer, lower bounds)
+        self.local: dict[int, tuple[Buffer, tuple[Expr, ...], LocalStorage]] = {}  # id(stage) -> buffer, lower
         self.placed: set[int] = set()  # stages whose local buffer found its loop
 
     def access(self, t: object, idx: tuple[Expr, ...]) -> tuple[Buffer, tuple[Expr, ...]]:
         st = self.model.schedule.stage_of(t)
         if st is not None and id(st) in self.local:
-            buf, lower = self.local[id(st)]
-            return buf, tuple(i - lo for i, lo in zip(idx, lower))
+            buf, lower, ls = self.local[id(st)]
+            return buf, ls.buffer_index(tuple(i - lo for i, lo in zip(idx, lower)))
         return self.buffer_of(t), idx
 
     # -- nodes ----------------------------------------------------------------
@@ -153,8 +153,9 @@ class AstLowering:
             dims = [env[f"c{k}"] if f"c{k}" in env else E.const(ls.fixed.get(k, 0), "int64") for k in range(d + 1)]
             lower = tuple(simplify_expr(aff_to_expr(a, dims, self.params)) for a in ls.lower)
             out = ls.stage.op.output(0)
-            buf = Buffer(ls.stage.name, tuple(E.const(x, "int64") for x in ls.shape), out.dtype, "local")
-            self.local[id(ls.stage)] = (buf, lower)
+            scope = "shared" if ls.stage.scope == "shared" else "local"
+            buf = Buffer(ls.stage.name, tuple(E.const(x, "int64") for x in ls.buffer_shape), out.dtype, scope)
+            self.local[id(ls.stage)] = (buf, lower, ls)
             self.placed.add(id(ls.stage))
             bufs.append(buf)
         try:

@@ -27,85 +27,26 @@ so every decision is proved legal by isl and recorded in the trace:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from cuvil.errors import ArgumentError, ScheduleError
-from cuvil.ir.expr import Binary, Cast, Expr, IterVar, Reduce, TensorRead
-from cuvil.ir.functor import free_vars, walk
+from cuvil.ir.expr import IterVar, TensorRead
+from cuvil.ir.functor import walk
 from cuvil.schedule.axes import const_int
+from cuvil.schedule.contraction import (
+    Contraction,
+    _uses,
+    contraction_candidates,
+    find_contraction,  # noqa: F401  (re-exported: the tests and users look for it here)
+    unit_stride_last,
+)
 from cuvil.schedule.schedule import Schedule, Stage
 from cuvil.te.tensor import ComputeOp, PlaceholderOp, Tensor
 
 PARALLEL_MIN_WORK = 1 << 22  # multiply-adds a contraction needs before its tile loop runs on threads
-
-
-@dataclass(frozen=True)
-class Contraction:
-    """What the register tile needs to know about a contraction stage."""
-
-    i: IterVar  # output axis of the tile's rows (read by the broadcast operand only)
-    j: IterVar  # output axis of the tile's columns (unit stride in the vector operand)
-    vector: TensorRead
-    broadcast: TensorRead
-
-
-def _operands(body: Expr) -> tuple[TensorRead, TensorRead] | None:
-    if not isinstance(body, Reduce) or body.name != "sum" or body.where is not None:
-        return None
-    src = body.source
-    while isinstance(src, Cast):
-        src = src.value
-    if not isinstance(src, Binary) or src.op != "mul":
-        return None
-    ops = []
-    for x in (src.a, src.b):
-        while isinstance(x, Cast):
-            x = x.value
-        if not isinstance(x, TensorRead):
-            return None
-        ops.append(x)
-    return ops[0], ops[1]
-
-
-def _uses(e: Expr, v: IterVar) -> bool:
-    return any(x is v for x in free_vars(e))
-
-
-def _unit_stride_last(read: TensorRead, v: IterVar) -> bool:
-    """The last index of ``read`` is ``v + (terms without v)``, and no other index uses ``v``."""
-    if any(_uses(ix, v) for ix in read.indices[:-1]):
-        return False
-    last = read.indices[-1]
-    if last is v:
-        return True
-    from cuvil.ir.simplify import _linear
-
-    lin = _linear(last)
-    if lin is None:
-        return False
-    coef = [k for t, k in lin[0].values() if t is v]
-    others = [t for t, k in lin[0].values() if t is not v and k]
-    return coef == [1] and not any(_uses(t, v) for t in others)
-
-
-def find_contraction(op: ComputeOp) -> Contraction | None:
-    pair = _operands(op.body)
-    if pair is None:
-        return None
-    for vec, bc in (pair, pair[::-1]):
-        for j in reversed(op.axis):
-            if const_int(j.extent) is None or not _unit_stride_last(vec, j) or any(
-                    _uses(ix, j) for ix in bc.indices):
-                continue
-            for i in reversed(op.axis):
-                if i is j or const_int(i.extent) is None:
-                    continue
-                if any(_uses(ix, i) for ix in vec.indices) or not any(_uses(ix, i) for ix in bc.indices):
-                    continue
-                return Contraction(i, j, vec, bc)
-    return None
+PACK_GAIN = 1.25  # how much more work per load a tile must get before an operand is packed to make it
 
 
 def dt_float(dtype: str) -> bool:
@@ -168,7 +109,7 @@ class AutoScheduler:
         # 2. contractions (with their epilogues), then 3-4. the other stages, consumers first
         done: set[int] = set()
         for st in reversed(list(s.compute_stages)):
-            c = find_contraction(st.op) if isinstance(st.op, ComputeOp) and st.op.reduce_axis else None
+            c = self.choose(st.op) if isinstance(st.op, ComputeOp) and st.op.reduce_axis else None
             if c is not None and st.attach == "root":
                 try:
                     with s.deferred_checks(self.outputs):  # legal by construction: isl checks it once
@@ -197,7 +138,31 @@ class AutoScheduler:
             nr = max(1, ext_j)
         if ext_i is not None and ext_i < mr:
             mr = max(1, ext_i)
+        if ext_i is not None and ext_i % mr:  # a divisor a little smaller saves the tail tile (14 -> 7 x 2)
+            mr = next((m for m in range(mr, mr // 2, -1) if ext_i % m == 0), mr)
         return mr, nr
+
+    def _intensity(self, c: Contraction, dtype: str) -> float:
+        """Multiply-adds per register load of the tile ``c`` gets, times the share of vector lanes in use."""
+        v = self.lanes(dtype)
+        mr, nr = self._tile_sizes(c, dtype)
+        nv = -(-nr // v)
+        ext_j = const_int(c.j.extent) or nr
+        used = ext_j / (-(-ext_j // v) * v)
+        return mr * nv / (mr + nv) * used
+
+    def choose(self, op: ComputeOp) -> Contraction | None:
+        """The contraction pair of ``op`` to tile: the first unpacked one unless packing an operand gives a
+        tile with clearly more work per load (conv2d on small images: vectorise over the filters)."""
+        cands = [c for c in contraction_candidates(op)
+                 if c.pack_dim is None or self._packable(c, self._tile_sizes(c, op.dtype)[1]) is not None]
+        if not cands:
+            return None
+        best = max(cands, key=lambda c: self._intensity(c, op.dtype))
+        first = cands[0]
+        if first.pack_dim is None and self._intensity(first, op.dtype) * PACK_GAIN >= self._intensity(best, op.dtype):
+            return first
+        return best
 
     def contraction(self, st: Stage, c: Contraction) -> set[int]:
         s = self.s
@@ -216,7 +181,6 @@ class AutoScheduler:
             ps = s[packed]
             if const_int(ps.op.axis[0].extent):
                 ps.parallel(ps.op.axis[0])
-            c = find_contraction(st.op) or c  # the op was rewritten to read the packed copy
             op = st.op
         if epilogue:
             outer = readers[0]
@@ -229,15 +193,18 @@ class AutoScheduler:
             outer = st
             oi, oj = c.i, c.j
             c = Contraction(cache.op.axis[_pos(op.axis, c.i)], cache.op.axis[_pos(op.axis, c.j)],
-                            c.vector, c.broadcast)
+                            c.vector, c.broadcast, c.pack_dim)
         io, jo, ii, ji = outer.tile(oi, oj, mr, nr)
         rest = [a for a in outer.leaves if not any(a is b for b in (io, jo, ii, ji))]
-        order = rest + ([jo, io] if pack is not None else [io, jo])
+        order = [jo, *rest, io] if pack is not None else [*rest, io, jo]
         outer.reorder(*order)
         # fuse the outer loops into one parallel loop, except a tile loop with a tail: fused, its tail
         # could not be versioned apart (full tiles then keep constant inner bounds)
         tail = {id(io)} if (const_int(oi.extent) or 1) % mr else set()
         tail |= {id(jo)} if (const_int(oj.extent) or 1) % nr else set()
+        if c.pack_dim is not None and rest and const_int(io.extent) != 1:
+            tail.add(id(io))  # row tiles stay a loop of their own: isl's AST for a tile index folded into
+            # three or more loops is full of cases
         loops = [order[0]]
         for a in order[1:]:
             prev = loops[-1]
@@ -259,16 +226,22 @@ class AutoScheduler:
         return {id(outer), id(cache)}
 
     def _packable(self, c: Contraction, nr: int) -> tuple[Tensor, Any] | None:
-        """Pack a 2-D placeholder vector operand ``B[k, j]`` into panels ``[j // nr, k, j % nr]``."""
+        """Pack the vector operand, an input of constant shape read at plain axes, into panels of ``nr``
+        along j's dimension ``d``: ``B[k, j]`` -> ``[j // nr, k, j % nr]``, ``W[f, c, ry, rx]`` (j = f) ->
+        ``[f // nr, c, ry, rx, f % nr]``."""
         t = c.vector.tensor
-        if not isinstance(t.op, PlaceholderOp) or t.ndim != 2:
+        if not isinstance(t.op, PlaceholderOp):
             return None
         shape = [const_int(d) for d in t.shape]
-        if any(d is None for d in shape) or shape[0] * shape[1] < 64 * 1024:
+        if any(d is None for d in shape) or math.prod(shape) < 64 * 1024:
             return None
-        if not all(isinstance(ix, IterVar) for ix in c.vector.indices) or c.vector.indices[1] is not c.j:
+        idx = c.vector.indices
+        if not all(isinstance(ix, IterVar) for ix in idx):
             return None
-        return t, (lambda k, j: (j // nr, k, j % nr))
+        d = c.pack_dim if c.pack_dim is not None else len(idx) - 1
+        if idx[d] is not c.j or (c.pack_dim is None and len(idx) != 2):
+            return None
+        return t, (lambda *ax: (ax[d] // nr, *ax[:d], *ax[d + 1:], ax[d] % nr))
 
     def reduction(self, st: Stage) -> None:
         if self._vector_reduction(st):
@@ -293,7 +266,7 @@ class AutoScheduler:
         if ext is None or ext % v or ext < 4 * v or not dt_float(op.dtype):
             return False
         reads = [n for n in walk(op.body.source) if isinstance(n, TensorRead)]
-        if not reads or not all(_unit_stride_last(x, r) for x in reads):
+        if not reads or not all(unit_stride_last(x, r) for x in reads):
             return False
         try:
             with self.s.deferred_checks(self.outputs):
@@ -353,4 +326,14 @@ def auto_schedule(args: Sequence[Any], target: Any = "llvm") -> Schedule:
     if not outs:
         raise ArgumentError("auto_schedule: none of the arguments is a computed tensor")
     s = Schedule(outs)
+    if _is_cuda(target):  # blocks, threads and shared memory: cuvil.schedule.auto_gpu
+        from cuvil.schedule.auto_gpu import GpuScheduler
+
+        return GpuScheduler(s, [s[o] for o in outs], target).run()
     return AutoScheduler(s, [s[o] for o in outs], target).run()
+
+
+def _is_cuda(target: Any) -> bool:
+    from cuvil.target import Target
+
+    return Target(target).kind == "cuda"

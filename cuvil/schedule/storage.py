@@ -14,7 +14,10 @@ the loop, and every access is shifted by the region's lower bound::
                                             }
 
 A small local buffer ends up on the stack, or in registers once its indices
-are constants (unrolled loops).  Stages whose region size depends on a
+are constants (unrolled loops).  The buffer's dimensions are ordered like
+the stage's loops, innermost last (a register tile ``C.local[f, x]`` whose
+loops run ``x`` then a vectorised ``f`` is stored ``[x, f]``), so that the
+innermost, vectorised loop walks contiguous memory.  Stages whose region size depends on a
 run-time size, or that another stage reads too, keep a whole buffer.
 """
 
@@ -27,6 +30,8 @@ import islpy as isl
 
 from cuvil.ir import expr as E
 from cuvil.ir.expr import Expr, Var
+from cuvil.ir.functor import free_vars
+from cuvil.schedule.axes import leaf_values
 from cuvil.schedule.model import PolyModel
 from cuvil.schedule.timemap import TimeMaps, _truncate
 
@@ -40,6 +45,14 @@ class LocalStorage:
     shape: tuple[int, ...]
     lower: tuple[isl.Aff, ...]  # over the time prefix [t_0 .. t_dim]
     fixed: dict[int, int]  # constant time dimensions of the prefix
+    order: tuple[int, ...] = ()  # buffer dimension k holds element dimension order[k] (empty: as is)
+
+    @property
+    def buffer_shape(self) -> tuple[int, ...]:
+        return tuple(self.shape[o] for o in self.order) if self.order else self.shape
+
+    def buffer_index(self, idx: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(idx[o] for o in self.order) if self.order else idx
 
 
 def plan_storage(model: PolyModel, tm: TimeMaps, intermediates: list[Any]) -> dict[int, LocalStorage]:
@@ -89,8 +102,24 @@ def plan_storage(model: PolyModel, tm: TimeMaps, intermediates: list[Any]) -> di
             v = first.plain_get_val_if_fixed(isl.dim_type.out, k)
             if v.is_int():
                 fixed[k] = v.to_python()
-        out[id(st)] = LocalStorage(st, d, tuple(shape), tuple(lower), fixed)
+        out[id(st)] = LocalStorage(st, d, tuple(shape), tuple(lower), fixed, _loop_order(st, len(shape)))
     return out
+
+
+def _loop_order(st: Any, ndim: int) -> tuple[int, ...]:
+    """Element dimensions sorted by the innermost loop of the stage that runs each one (empty: keep)."""
+    axes = list(st.op.axis)
+    store = getattr(st.op, "store_indices", None)
+    if len(axes) != ndim or (store is not None and not all(x is a for x, a in zip(store, axes))):
+        return ()  # a packed layout: the element dimensions are not the loops' axes
+    values = leaf_values(tuple(st.roots), st.relations)
+    pos = {id(leaf): k for k, leaf in enumerate(st.leaves)}
+    inner = []
+    for e, a in enumerate(axes):
+        ks = [pos[id(leaf)] for leaf in st.leaves if any(v is a for v in free_vars(values[id(leaf)]))]
+        inner.append((max(ks) if ks else -1, e))
+    order = tuple(e for _, e in sorted(inner))
+    return () if order == tuple(range(ndim)) else order
 
 
 def _pieces(pw: isl.PwAff) -> list[isl.Aff]:

@@ -1,0 +1,118 @@
+"""Recognising contractions from their accesses (used by the automatic scheduler).
+
+A *contraction* is a stage ``C[...] = sum(X[...] * Y[...])``. The register
+tile of the auto-scheduler needs two of its output axes:
+
+- ``j``, the tile's columns, vectorised: one operand (the *vector* operand)
+  reads ``j`` with unit stride, the other (the *broadcast* operand) does not
+  read it at all;
+- ``i``, the tile's rows, unrolled: only the broadcast operand reads it.
+
+matmul ``A[i, k] * B[k, j]`` has one such pair; conv2d
+``X[n, c, y + ry, x + rx] * W[f, c, ry, rx]`` has two: ``j = x`` (``X`` read
+with unit stride, ``W`` broadcast, ``i = f``) and ``j = f`` (``W`` is read at
+``f`` in its first dimension, so it is unit stride only once packed into
+panels ``W.p[f // NR, c, ry, rx, f % NR]``; ``X`` broadcast, ``i = x``).
+:func:`contraction_candidates` lists every pair, :func:`find_contraction` the
+first one that needs no packing. Which one pays is the scheduler's choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cuvil.ir.expr import Binary, Cast, Expr, IterVar, Reduce, TensorRead
+from cuvil.ir.functor import free_vars
+from cuvil.schedule.axes import const_int
+from cuvil.te.tensor import ComputeOp, PlaceholderOp
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """What the register tile needs to know about a contraction stage."""
+
+    i: IterVar  # output axis of the tile's rows (read by the broadcast operand only)
+    j: IterVar  # output axis of the tile's columns (unit stride in the vector operand)
+    vector: TensorRead
+    broadcast: TensorRead
+    pack_dim: int | None = None  # the vector operand's dimension indexed by j, when it must be packed
+
+
+def _operands(body: Expr) -> tuple[TensorRead, TensorRead] | None:
+    if not isinstance(body, Reduce) or body.name != "sum" or body.where is not None:
+        return None
+    src = body.source
+    while isinstance(src, Cast):
+        src = src.value
+    if not isinstance(src, Binary) or src.op != "mul":
+        return None
+    ops = []
+    for x in (src.a, src.b):
+        while isinstance(x, Cast):
+            x = x.value
+        if not isinstance(x, TensorRead):
+            return None
+        ops.append(x)
+    return ops[0], ops[1]
+
+
+def _uses(e: Expr, v: IterVar) -> bool:
+    return any(x is v for x in free_vars(e))
+
+
+def unit_stride_last(read: TensorRead, v: IterVar) -> bool:
+    """The last index of ``read`` is ``v + (terms without v)``, and no other index uses ``v``."""
+    if any(_uses(ix, v) for ix in read.indices[:-1]):
+        return False
+    last = read.indices[-1]
+    if last is v:
+        return True
+    from cuvil.ir.simplify import _linear
+
+    lin = _linear(last)
+    if lin is None:
+        return False
+    coef = [k for t, k in lin[0].values() if t is v]
+    others = [t for t, k in lin[0].values() if t is not v and k]
+    return coef == [1] and not any(_uses(t, v) for t in others)
+
+
+def _packable_dim(read: TensorRead, v: IterVar) -> int | None:
+    """The dimension of an input of constant shape that ``read`` indexes with exactly ``v`` (and no other
+    dimension uses ``v``): packing the input with that dimension last makes ``v`` unit stride."""
+    t = read.tensor
+    if not isinstance(t.op, PlaceholderOp) or any(const_int(d) is None for d in t.shape):
+        return None
+    dims = [d for d, ix in enumerate(read.indices) if _uses(ix, v)]
+    if len(dims) != 1 or read.indices[dims[0]] is not v or not all(isinstance(ix, IterVar) for ix in read.indices):
+        return None
+    return dims[0]
+
+
+def contraction_candidates(op: ComputeOp) -> list[Contraction]:
+    """Every (vector operand, j) pair of ``op`` with the innermost admissible i, unpacked ones first."""
+    pair = _operands(op.body)
+    if pair is None:
+        return []
+    natural: list[Contraction] = []
+    packed: list[Contraction] = []
+    for vec, bc in (pair, pair[::-1]):
+        for j in reversed(op.axis):
+            if const_int(j.extent) is None or any(_uses(ix, j) for ix in bc.indices):
+                continue
+            pack_dim = None if unit_stride_last(vec, j) else _packable_dim(vec, j)
+            if pack_dim is None and not unit_stride_last(vec, j):
+                continue
+            for i in reversed(op.axis):
+                if i is j or const_int(i.extent) is None:
+                    continue
+                if any(_uses(ix, i) for ix in vec.indices) or not any(_uses(ix, i) for ix in bc.indices):
+                    continue
+                (natural if pack_dim is None else packed).append(Contraction(i, j, vec, bc, pack_dim))
+                break
+    return natural + packed
+
+
+def find_contraction(op: ComputeOp) -> Contraction | None:
+    """The first contraction pair of ``op`` that needs no packing (None: not a contraction)."""
+    return next((c for c in contraction_candidates(op) if c.pack_dim is None), None)
