@@ -141,4 +141,8 @@ def build(s: Schedule, args: Sequence[Any], target: Any = "llvm", name: str = "m
         raise UnsupportedOpError("tuning_db: the autotuner and its database are not part of cuvil yet")
     func = lower(s, args, name=name)
     tgt = target if isinstance(target, Target) else Target(target)
+    if tgt.kind == "cuda":  # CUDA C -> NVRTC -> PTX (cuvil.codegen.cuda)
+        from cuvil.runtime.cuda import CudaModule
+
+        return CudaModule(func, tgt)
     return Module(func, tgt)

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 from cuvil.ir.expr import Expr, Var
 
-LOOP_KINDS = ("serial", "parallel", "vectorize", "unroll")
+GPU_TAGS = tuple(f"{u}.{d}" for u in ("blockIdx", "threadIdx") for d in "xyz")
+LOOP_KINDS = ("serial", "parallel", "vectorize", "unroll") + GPU_TAGS  # GPU_TAGS: loops bound with bind()
 
 
 @dataclass(frozen=True, eq=False, slots=True, repr=False)

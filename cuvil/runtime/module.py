@@ -41,6 +41,10 @@ class Module(NativeFunction):
 
         self.func = func
         self.target = Target(target)
+        bound = _gpu_bound_loop(func.body)
+        if bound is not None and self.target.kind == "llvm":
+            raise TargetError(f"loop {bound} is bound to a GPU thread (bind); build for a cuda target such as "
+                              f"'cuda -arch=sm_90', or leave out bind for {self.target.canonical!r}")
         self.meta = func_meta(func, self.target.canonical)
         self.plan = CallPlan(self.meta)  # validates the signature before compiling anything
         self._ir_unopt = cg.codegen_llvm(func, self.target)
@@ -127,6 +131,26 @@ class Module(NativeFunction):
         with open(os.path.splitext(path)[0] + ".h", "w") as f:
             f.write(c_header(self.meta, self.uses_threads))
         return path
+
+
+def _gpu_bound_loop(s: Any) -> str | None:
+    """The name of a loop bound to blockIdx/threadIdx in ``s``, if any."""
+    from cuvil.ir.stmt import GPU_TAGS, Allocate, Block, For, If, LetStmt
+
+    stack = [s]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, For):
+            if x.kind in GPU_TAGS:
+                return f"{x.var.name} ({x.kind})"
+            stack.append(x.body)
+        elif isinstance(x, Block):
+            stack.extend(x.stmts)
+        elif isinstance(x, (LetStmt, Allocate)):
+            stack.append(x.body)
+        elif isinstance(x, If):
+            stack.extend(b for b in (x.then_body, x.else_body) if b is not None)
+    return None
 
 
 def cross_compiler(triple: str) -> str:

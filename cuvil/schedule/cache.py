@@ -20,11 +20,12 @@ from cuvil.schedule.trace import Step
 from cuvil.te.tensor import ComputeOp, ScanOp, Tensor
 
 SCOPES = ("global", "local")
+READ_SCOPES = SCOPES + ("shared",)  # "shared": a GPU block's shared memory (cache_read on CUDA targets)
 
 
-def _scope(scope: str, what: str) -> None:
-    if scope not in SCOPES:
-        raise ScheduleError(f"{what}: unknown scope {scope!r}; CPU targets have {SCOPES}")
+def _scope(scope: str, what: str, scopes: tuple[str, ...] = SCOPES) -> None:
+    if scope not in scopes:
+        raise ScheduleError(f"{what}: unknown scope {scope!r}; the scopes are {scopes}")
 
 
 def _fresh_axes(axes: tuple[IterVar, ...]) -> tuple[IterVar, ...]:
@@ -122,7 +123,7 @@ def cache_read(sched: Any, tensor: Tensor, scope: str, readers: Sequence[Any],
     """
     what = f"cache_read({getattr(tensor, 'name', tensor)!r}, {scope!r})"
     src = sched[tensor]
-    _scope(scope, what)
+    _scope(scope, what, READ_SCOPES)
     if not isinstance(readers, (list, tuple)) or not readers:
         raise ScheduleError(f"{what}: readers must be a non-empty list of tensors that read {src.name}")
     rstages = []

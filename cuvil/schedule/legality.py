@@ -11,7 +11,7 @@ included:
 2. The last write of every element of the schedule's outputs must be the
    same instance as under the te order (a virtual ``END`` statement reads
    them all after everything else).
-3. A parallel or vectorised loop carries no dependence (flow, anti or
+3. A parallel, vectorised or GPU-bound (``bind``) loop carries no dependence (flow, anti or
    output): no two events in different iterations of that loop, inside the
    same iteration of every enclosing loop, touch one element with a write.
 
@@ -26,7 +26,9 @@ from typing import Any
 import islpy as isl
 
 from cuvil.errors import ScheduleError
+from cuvil.ir.stmt import GPU_TAGS
 from cuvil.schedule.model import PolyModel, build_model, isl_budget
+from cuvil.schedule.storage import LocalStorage, plan_storage
 from cuvil.schedule.timemap import TimeMaps, build_time_maps
 
 
@@ -114,7 +116,9 @@ def check_schedule(sched: Any, step: Any = None, live_out: list[Any] | None = No
                 f"computed (reader -> element):\n  {_short(missing)}\n"
                 "Compute the producer before its readers (compute_at a loop that encloses the reads)."
             )
-        _check_parallel(sched, model, tm, ev_reads, ev_writes, ev_sched, ev_inst, flow, what)
+        inter = [st for st in sched.compute_stages if st.attach != "inline" and all(st is not o for o in outs)]
+        _check_parallel(sched, model, tm, ev_reads, ev_writes, ev_sched, ev_inst, flow, what,
+                        plan_storage(model, tm, inter))
         return tm
 
 
@@ -139,28 +143,56 @@ def _carried(width: int, d: int, params: str) -> isl.Map:
     return isl.Map(f"{params} -> {{ [{', '.join(t)}] -> [{', '.join(u)}] : {cond} }}")
 
 
-def _check_parallel(sched: Any, model: PolyModel, tm: TimeMaps, ev_reads: isl.UnionMap, ev_writes: isl.UnionMap,
-                    ev_sched: isl.UnionMap, ev_inst: isl.UnionMap, flow: isl.UnionFlow, what: str) -> None:
-    loops = []
-    for st in sched.stages:
-        for leaf in st.leaves:
-            kind = st.kinds.get(id(leaf))
-            if kind in ("parallel", "vectorize"):
-                loops.append((st, leaf, kind))
-    if not loops:
-        return
+def _dependences(ev_reads: isl.UnionMap, ev_writes: isl.UnionMap, ev_sched: isl.UnionMap,
+                 private: isl.UnionSet | None) -> dict[str, isl.UnionMap]:
+    """Flow, anti and output dependences between events, leaving out the elements in ``private``."""
+    if private is not None:
+        ev_reads, ev_writes = ev_reads.subtract_range(private), ev_writes.subtract_range(private)
+    flow = _flow(ev_reads, ev_writes, ev_sched)
     anti = isl.UnionAccessInfo.from_sink(ev_writes).set_may_source(ev_reads).set_schedule_map(ev_sched)
     output = isl.UnionAccessInfo.from_sink(ev_writes).set_must_source(ev_writes).set_schedule_map(ev_sched)
-    deps = {
+    return {
         "flow": flow.get_may_dependence(),
         "anti": anti.compute_flow().get_may_dependence(),
         "output": output.compute_flow().get_may_dependence(),
     }
+
+
+def _private(model: PolyModel, storage: dict[int, LocalStorage], d: int) -> isl.UnionSet | None:
+    """Elements of the stages stored per iteration of time dimension ``d`` or a loop inside it: each
+    iteration of loop ``d`` has its own buffer for them, so they carry nothing between iterations."""
+    parts = [s.writes.range() for ls in storage.values() if ls.dim >= d
+             for s in model.statements if s.stage is ls.stage]
+    if not parts:
+        return None
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.union(p)
+    return out
+
+
+def _check_parallel(sched: Any, model: PolyModel, tm: TimeMaps, ev_reads: isl.UnionMap, ev_writes: isl.UnionMap,
+                    ev_sched: isl.UnionMap, ev_inst: isl.UnionMap, flow: isl.UnionFlow, what: str,
+                    storage: dict[int, LocalStorage] | None = None) -> None:
+    loops = []
+    for st in sched.stages:
+        for leaf in st.leaves:
+            kind = st.kinds.get(id(leaf))
+            if kind in ("parallel", "vectorize") or kind in GPU_TAGS:  # GPU_TAGS: bind()
+                loops.append((st, leaf, kind))
+    if not loops:
+        return
+    cache: dict[int, dict[str, isl.UnionMap]] = {}
     for st, leaf, kind in loops:
         dims = [tm.leaf_dim(s.name, leaf) for s in model.statements if s.stage is st]
         d = next((x for x in dims if x is not None), None)
         if d is None:
             continue
+        private = _private(model, storage or {}, d)
+        key = sum(1 for ls in (storage or {}).values() if ls.dim >= d)
+        if key not in cache:
+            cache[key] = _dependences(ev_reads, ev_writes, ev_sched, private)
+        deps = cache[key]
         # the events inside this loop: statements whose time dimension d is this loop
         inside = _union([isl.UnionMap.from_map(tm.maps[s.name]).wrap().unwrap().wrap()
                          for s in model.statements if tm.dim_leaf[s.name][d] is leaf])
@@ -173,11 +205,15 @@ def _check_parallel(sched: Any, model: PolyModel, tm: TimeMaps, ev_reads: isl.Un
                 pairs = dep.intersect(hit.apply_domain(ev_sched.reverse()).apply_range(ev_sched.reverse()))
                 pairs = pairs.apply_domain(ev_inst).apply_range(ev_inst)  # as statement instances
                 raise ScheduleError(
-                    f"{what}: loop {leaf.name} of {st.name} cannot be {'vectorized' if kind == 'vectorize' else kind}"
+                    f"{what}: loop {leaf.name} of {st.name} cannot be {_verb(kind)}"
                     f": it carries a {name} dependence (an iteration touches an element that another iteration "
                     f"writes):\n  {_short(pairs)}\nParallelise or vectorise a loop that carries none "
                     "(an output axis); a reduction axis needs rfactor first."
                 )
+
+
+def _verb(kind: str) -> str:
+    return "vectorized" if kind == "vectorize" else f"bound to {kind}" if kind in GPU_TAGS else kind
 
 
 def _short(um: isl.UnionMap, limit: int = 600) -> str:

@@ -27,6 +27,8 @@ def apply_step(sched: Any, step: Step) -> None:
         st.fuse(st.axis_by_name(a[0]), st.axis_by_name(a[1]))
     elif op in ("vectorize", "parallel", "unroll"):
         getattr(st, op)(st.axis_by_name(a[0]))
+    elif op == "bind":
+        st.bind(st.axis_by_name(a[0]), a[1])
     elif op == "compute_at":
         parent = _stage(sched, a[0], step)
         st.compute_at(parent, parent.axis_by_name(a[1]))

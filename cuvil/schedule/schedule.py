@@ -5,7 +5,7 @@ and makes one :class:`Stage` per operation, producers first.  By default
 every stage is computed at the root, in that order, with its loops in te
 order.  ``s[T]`` (a tensor or its op) gives the stage; its primitives
 (``split``, ``tile``, ``reorder``, ``fuse``, ``vectorize``, ``parallel``,
-``unroll``, ``compute_at``, ``compute_inline``, ``compute_root``, ``rfactor``)
+``unroll``, ``bind``, ``compute_at``, ``compute_inline``, ``compute_root``, ``rfactor``)
 and the schedule's (``cache_read``, ``cache_write``) are each checked by isl
 before they are accepted (see :mod:`cuvil.schedule.legality`), and each one
 appends a step to ``s.trace``.
@@ -266,14 +266,17 @@ class Stage:
                 f"{self.name}.{kind}({a.name}): the loop needs a constant extent, it has {a.extent}; "
                 f"split it first, e.g. s[{self.name}].split({a.name}, factor=8)"
             )
-        if kind == "parallel":
+        if kind == "parallel" or "Idx." in kind:
             others = [b.name for b in self.leaves if self.kinds.get(id(b)) == "parallel" and b is not a]
             if others:
-                raise ScheduleError(
-                    f"{self.name}.parallel({a.name}): {others[0]} is already parallel; a parallel loop may not "
-                    "contain or sit inside another (fuse them into one parallel loop instead)"
-                )
-        step = Step(kind, self.name, (a.name,))
+                if kind == "parallel":
+                    raise ScheduleError(
+                        f"{self.name}.parallel({a.name}): {others[0]} is already parallel; a parallel loop may not "
+                        "contain or sit inside another (fuse them into one parallel loop instead)"
+                    )
+                raise ScheduleError(f"{self.name}.{kind}({a.name}): {others[0]} is parallel; GPU code has no "
+                                    "parallel loops (bind them to threads instead)")
+        step = Step("bind", self.name, (a.name, kind)) if "Idx." in kind else Step(kind, self.name, (a.name,))
 
         def do() -> None:
             self.kinds[id(a)] = kind
@@ -302,6 +305,30 @@ class Stage:
         ``for (i.inner < 2) S(i.inner)`` becomes ``S(0); S(1)``.
         """
         self._annotate(axis, "unroll")
+
+    def bind(self, axis: IterVar, tag: str) -> None:
+        """Map the loop onto a GPU grid dimension (CUDA targets); it must carry no dependence.
+
+        ``tag`` is ``"blockIdx.x|y|z"`` or ``"threadIdx.x|y|z"``.  After ``bo, bi = s[C].split(i, 256)``,
+        ``s[C].bind(bo, "blockIdx.x"); s[C].bind(bi, "threadIdx.x")``::
+
+            for (i.outer < (N + 255) // 256)          blockIdx.x for (i.outer < (N + 255) // 256)
+              for (i.inner < 256)                       threadIdx.x for (i.inner < 256)
+                C[i.outer * 256 + i.inner] = ...          C[i.outer * 256 + i.inner] = ...
+
+        Each block runs on one multiprocessor, its threads side by side; the CUDA code generator turns
+        ``threadIdx.x for (v < n)`` into ``v = threadIdx.x; if (v < n)`` and puts ``__syncthreads()``
+        between thread loops that follow one another (see docs/cuda.md).
+        """
+        from cuvil.ir.stmt import GPU_TAGS
+
+        if tag not in GPU_TAGS:
+            raise ScheduleError(f"{self.name}.bind: unknown thread tag {tag!r}; use one of {', '.join(GPU_TAGS)}")
+        a = self._leaf(axis, "bind")
+        others = [b.name for b in self.leaves if self.kinds.get(id(b)) == tag and b is not a]
+        if others:
+            raise ScheduleError(f"{self.name}.bind({a.name}, {tag!r}): loop {others[0]} is already bound to {tag}")
+        self._annotate(a, tag)
 
     # -- placement -----------------------------------------------------------------
     def compute_at(self, parent: Stage, axis: IterVar) -> None:
