@@ -166,11 +166,13 @@ def _threads(n: int) -> Iterator[None]:
         cuvil.set_num_threads(None)
 
 
-def median_time(fn: Callable[[], Any], repeat: int = 5) -> float:
-    """Median seconds of ``repeat`` calls of ``fn`` after one warm-up call."""
+def median_time(fn: Callable[[], Any], repeat: int = 5, budget_s: float = 0.2) -> float:
+    """Median seconds of at least ``repeat`` calls of ``fn`` after one warm-up call; fast functions are
+    called more often, until ``budget_s`` seconds (at most 1000 calls): a noisy machine needs samples."""
     fn()
-    ts = []
-    for _ in range(repeat):
+    ts: list[float] = []
+    start = time.perf_counter()
+    while len(ts) < repeat or (time.perf_counter() - start < budget_s and len(ts) < 1000):
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)

@@ -378,7 +378,7 @@ class ExprEmitter:
         if e.name == "rsqrt":
             return b.fdiv(one, self.intrinsic("sqrt", [x]))
         if elem(x.type) == FLOAT and e.name in vecmath.FUNCTIONS:  # float32 (and float16): cuvil's own code
-            return vecmath.FUNCTIONS[e.name](b, x)
+            return vecmath.FUNCTIONS[e.name](b, x, avx512="avx512f" in self.target.enabled_features)
         if e.name == "sigmoid":
             return b.fdiv(one, b.fadd(one, self.intrinsic("exp", [b.fneg(x)])))
         if e.name in _LIBM:

@@ -74,10 +74,12 @@ SQRT_HALF_BITS = 0x3F3504F3  # float32 bits of sqrt(1/2)
 class _Emit:
     """Small helpers that build scalar-or-vector IR of the type of a given float value."""
 
-    def __init__(self, b: ir.IRBuilder, x: ir.Value):
+    def __init__(self, b: ir.IRBuilder, x: ir.Value, avx512: bool = False):
         self.b = b
         self.ft = x.type
         self.it = ir.VectorType(_I32, x.type.count) if isinstance(x.type, ir.VectorType) else _I32
+        # AVX-512's vscalefps computes p * 2^n rounded once, as the two-factor product does (bit for bit)
+        self.scalef = avx512 and isinstance(x.type, ir.VectorType) and x.type.count == 16
 
     def f(self, v: float) -> ir.Constant:
         return ir.Constant(self.ft, v)
@@ -130,6 +132,17 @@ class _Emit:
     def keep_nan(self, x: ir.Value, result: ir.Value) -> ir.Value:
         return self.b.select(self.b.fcmp_unordered("uno", x, x), x, result)
 
+    def scale(self, p: ir.Value, n: ir.Value) -> ir.Value:
+        """p * 2^n for integral float n with one AVX-512 vscalefps (16 float lanes)."""
+        name = "llvm.x86.avx512.mask.scalef.ps.512"
+        module = self.b.module
+        fn = module.globals.get(name)
+        if fn is None:
+            i16 = ir.IntType(16)
+            fn = ir.Function(module, ir.FunctionType(self.ft, [self.ft, self.ft, self.ft, i16, _I32]), name)
+        mask, rounding = ir.Constant(ir.IntType(16), -1), ir.Constant(_I32, 4)  # all lanes, current mode
+        return self.b.call(fn, [p, n, ir.Constant(self.ft, None), mask, rounding])
+
     def pow2(self, n: ir.Value) -> ir.Value:
         """2^n as a float, for integer n in [-126, 127]."""
         return self.float_(self.b.shl(self.b.add(n, self.i(127)), self.i(23)))
@@ -144,21 +157,23 @@ def _exp(m: _Emit, x: ir.Value) -> ir.Value:
     r = m.mad(n, m.f(-LN2_HI), xc)  # exact: n * LN2_HI has <= 24 significant bits
     r = m.mad(n, m.f(-LN2_LO), r)
     p = m.add(m.mad(m.mul(r, r), m.poly(r, EXP_P), r), m.f(1.0))
+    if m.scalef:
+        return m.scale(p, n)
     ni = b.fptosi(n, m.it)  # in [-150, 129]
     n1 = b.ashr(ni, m.i(1))
     n2 = b.sub(ni, n1)
     return m.mul(m.mul(p, m.pow2(n1)), m.pow2(n2))
 
 
-def exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+def exp(b: ir.IRBuilder, x: ir.Value, avx512: bool = False) -> ir.Value:
     """e^x: inf for x > ln(FLT_MAX), 0 below -103.98, subnormals rounded once; NaN stays NaN."""
-    m = _Emit(b, x)
+    m = _Emit(b, x, avx512)
     return m.keep_nan(x, _exp(m, x))
 
 
-def log(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+def log(b: ir.IRBuilder, x: ir.Value, avx512: bool = False) -> ir.Value:
     """Natural log: log(0) = -inf, log(x < 0) = NaN, log(inf) = inf, subnormals exact-scaled."""
-    m = _Emit(b, x)
+    m = _Emit(b, x, avx512)
     tiny = m.lt(x, m.f(2.0**-126))
     xs = b.select(tiny, m.mul(x, m.f(2.0**23)), x)
     ix = b.sub(m.bits(xs), m.i(SQRT_HALF_BITS))
@@ -173,9 +188,9 @@ def log(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return b.select(b.fcmp_unordered("<", x, m.f(0.0)), m.f(_NAN), r)  # x < 0 or NaN
 
 
-def tanh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+def tanh(b: ir.IRBuilder, x: ir.Value, avx512: bool = False) -> ir.Value:
     """tanh: odd polynomial near 0 (tiny x gives x, -0 gives -0), 1 - 2/(e^2|x| + 1) beyond."""
-    m = _Emit(b, x)
+    m = _Emit(b, x, avx512)
     a = m.abs(x)
     u = m.mul(a, a)
     small = m.mad(m.mul(a, u), m.poly(u, TANH_P), a)
@@ -184,9 +199,9 @@ def tanh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return m.keep_nan(x, m.copysign(b.select(m.lt(a, m.f(TANH_SMALL)), small, big), x))
 
 
-def erf(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+def erf(b: ir.IRBuilder, x: ir.Value, avx512: bool = False) -> ir.Value:
     """erf: odd polynomial for |x| < 1, 1 - exp(-x^2) Q(|x|) beyond (1 from |x| = 4 on)."""
-    m = _Emit(b, x)
+    m = _Emit(b, x, avx512)
     a = m.abs(x)
     small = m.mad(a, m.poly(m.mul(a, a), ERF_P), a)
     ac = m.clamp(a, 1.0, 4.0)
@@ -194,9 +209,9 @@ def erf(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return m.keep_nan(x, m.copysign(b.select(m.lt(a, m.f(1.0)), small, big), x))
 
 
-def sigmoid(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+def sigmoid(b: ir.IRBuilder, x: ir.Value, avx512: bool = False) -> ir.Value:
     """1 / (1 + e^-x), as e/(1+e) with e = e^-|x| for negative x (no overflow, no NaN)."""
-    m = _Emit(b, x)
+    m = _Emit(b, x, avx512)
     e = _exp(m, b.fneg(m.abs(x)))
     d = m.add(e, m.f(1.0))
     pos = b.fdiv(m.f(1.0), d)
@@ -204,5 +219,5 @@ def sigmoid(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return m.keep_nan(x, b.select(b.fcmp_ordered(">=", x, m.f(0.0)), pos, neg))
 
 
-FUNCTIONS: dict[str, Callable[[ir.IRBuilder, ir.Value], ir.Value]] = {
+FUNCTIONS: dict[str, Callable[..., ir.Value]] = {  # (builder, x, avx512=False) -> f(x)
     "exp": exp, "log": log, "tanh": tanh, "erf": erf, "sigmoid": sigmoid}
