@@ -96,12 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     p_bench.add_argument("--threads", default="1,2", help="thread counts, e.g. 1,2")
     p_bench.add_argument("--quick", action="store_true", help="skip the largest shapes")
     p_bench.add_argument("--only", default=None, help="only the rows whose name contains this text")
+    from cuvil import cli_onnx
+
+    cli_onnx.add_parsers(sub)
     args = parser.parse_args(argv)
     if args.version:
         import cuvil
 
         print(cuvil.__version__)
         return 0
+    code = cli_onnx.dispatch(args)
+    if code is not None:
+        return code
     if args.cmd == "demo":
         return demo(args.size)
     if args.cmd == "info":

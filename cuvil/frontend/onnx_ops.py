@@ -1,0 +1,222 @@
+"""The ONNX operator registry and what every te builder receives.
+
+A builder is a function ``build(ctx: NodeCtx) -> list`` registered with ``@op("Relu")`` (or
+``@op("Squeeze", since=13)`` when an opset changed the operator's inputs).  It returns, per node
+output, a te tensor (computed by the node's kernel), a numpy array (a value known at compile
+time: ``Shape`` of static shapes, a constant), an :class:`Alias` (the output is an input's buffer
+seen with another shape: ``Reshape``, ``Squeeze``) or ``None`` (an optional output not produced).
+
+``ctx.tensor(i)`` is input ``i`` as a te tensor (a placeholder of the kernel);
+``ctx.value(i)`` is its value, which must be known when the kernel is compiled (a constant, or a
+graph input the session specialises on): Reshape's shape, Slice's starts and the like.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cuvil import te
+from cuvil.errors import ShapeError, UnsupportedOpError
+from cuvil.graph.ir import Node
+from cuvil.te.tensor import Tensor
+
+Builder = Callable[["NodeCtx"], list]
+_REGISTRY: dict[str, list[tuple[int, Builder]]] = {}
+
+
+def op(*names: str, since: int = 1) -> Callable[[Builder], Builder]:
+    """Register a builder for ONNX ops ``names`` from opset ``since`` on."""
+
+    def deco(f: Builder) -> Builder:
+        for n in names:
+            _REGISTRY.setdefault(n, []).append((since, f))
+            _REGISTRY[n].sort(key=lambda t: t[0])
+        return f
+
+    return deco
+
+
+def builder_for(op_type: str, opset: int) -> Builder | None:
+    """The builder for ``op_type`` at ``opset`` (the newest one registered at or before it)."""
+    _load_families()
+    found = None
+    for since, f in _REGISTRY.get(op_type, []):
+        if since <= opset:
+            found = f
+    return found
+
+
+def supported_ops() -> list[str]:
+    _load_families()
+    return sorted(_REGISTRY)
+
+
+def _load_families() -> None:
+    from cuvil.frontend import (  # noqa: F401
+        onnx_ops_math,
+        onnx_ops_nn,
+        onnx_ops_reduce,
+        onnx_ops_resize,
+        onnx_ops_shape,
+    )
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A tensor computed at run time: the buffer ``slot`` seen with ``shape``; ``origin`` names the graph
+    inputs it depends on (those a session must specialise on if a builder needs its value)."""
+
+    slot: int
+    shape: tuple[int, ...]
+    dtype: str
+    origin: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Alias:
+    """A node output that is input ``index`` with another ``shape`` (same buffer, same elements)."""
+
+    index: int
+    shape: tuple[int, ...]
+
+
+class NeedsValue(Exception):
+    """A builder needs the value of a run-time tensor; the session specialises on ``inputs``."""
+
+    def __init__(self, inputs: frozenset[str], what: str):
+        super().__init__(what)
+        self.inputs = inputs
+
+
+Entry = Runtime | np.ndarray | None
+
+
+class NodeCtx:
+    """One node's inputs, attributes and opset, as its builder sees them."""
+
+    def __init__(self, node: Node, entries: Sequence[Entry], opset: int):
+        self.node = node
+        self.entries = list(entries)
+        self.opset = opset
+        self.placeholders: list[tuple[int, Tensor]] = []
+        self.value_reads: set[int] = set()
+        self._tensors: dict[int, Tensor] = {}
+
+    # -- inputs -------------------------------------------------------------------
+    @property
+    def n_inputs(self) -> int:
+        return len(self.entries)
+
+    def has(self, i: int) -> bool:
+        return i < len(self.entries) and self.entries[i] is not None
+
+    def _entry(self, i: int) -> Runtime | np.ndarray:
+        if not self.has(i):
+            raise self.error(f"input {i} is required but missing")
+        return self.entries[i]  # type: ignore[return-value]
+
+    def shape(self, i: int) -> tuple[int, ...]:
+        e = self._entry(i)
+        return tuple(int(d) for d in e.shape)
+
+    def dtype(self, i: int) -> str:
+        e = self._entry(i)
+        return e.dtype if isinstance(e, Runtime) else e.dtype.name
+
+    def known(self, i: int) -> bool:
+        return self.has(i) and isinstance(self.entries[i], np.ndarray)
+
+    def value(self, i: int) -> np.ndarray:
+        """The value of input ``i``, which decides shapes: it must be known when compiling."""
+        e = self._entry(i)
+        if isinstance(e, Runtime):
+            raise NeedsValue(e.origin, f"{self.node}: input {i} ({self.node.inputs[i]!r}) decides shapes; its "
+                                       "value must be a constant or come from graph inputs the session specialises on")
+        self.value_reads.add(i)
+        return e
+
+    def ints(self, i: int) -> list[int]:
+        return [int(x) for x in np.asarray(self.value(i)).reshape(-1)]
+
+    def tensor(self, i: int) -> Tensor:
+        """Input ``i`` as a te tensor: a placeholder of the kernel (a known scalar becomes a constant)."""
+        if i in self._tensors:
+            return self._tensors[i]
+        e = self._entry(i)
+        if isinstance(e, np.ndarray) and e.size == 1 and e.dtype.name != "float16":
+            self.value_reads.add(i)
+            v = e.reshape(-1)[0].item()
+            t = te.compute(e.shape, lambda *_: te.const(v, e.dtype.name), name=f"c{i}")
+        else:
+            t = te.placeholder(self.shape(i), dtype=self.dtype(i), name=f"in{i}")
+            self.placeholders.append((i, t))
+        self._tensors[i] = t
+        return t
+
+    def constant(self, array: np.ndarray) -> Tensor:
+        """A compile-time table (index maps, weights) as a tensor of the kernel; its values key the kernel."""
+        self.entries.append(np.require(array, requirements="C"))
+        i = len(self.entries) - 1
+        self.value_reads.add(i)
+        t = te.placeholder(array.shape, dtype=array.dtype.name, name=f"in{i}")
+        self.placeholders.append((i, t))
+        self._tensors[i] = t
+        return t
+
+    # -- attributes and errors ------------------------------------------------------
+    def attr(self, name: str, default: Any = None) -> Any:
+        return self.node.attrs.get(name, default)
+
+    def error(self, msg: str) -> ShapeError:
+        return ShapeError(f"{self.node}: {msg}")
+
+    def unsupported(self, msg: str) -> UnsupportedOpError:
+        return UnsupportedOpError(f"{self.node}: {msg}")
+
+
+# -- helpers shared by the op families ------------------------------------------------
+
+
+def norm_axis(ctx: NodeCtx, axis: int, rank: int, what: str = "axis") -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise ctx.error(f"{what} {axis} is out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+def broadcast_shapes(ctx: NodeCtx, *shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy/ONNX multidirectional broadcasting."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for d in range(rank):
+        dims = {s[d - rank + len(s)] for s in shapes if d - rank + len(s) >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            raise ctx.error(f"shapes {' and '.join(str(list(s)) for s in shapes)} do not broadcast")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def bcast_read(t: Tensor, out_shape: Sequence[int], idx: Sequence[Any]) -> Any:
+    """``t`` read at output index ``idx`` under broadcasting (size-1 dimensions read index 0)."""
+    off = len(out_shape) - t.ndim
+    shape = [int(d.value) for d in t.shape]
+    return t[tuple(0 if shape[d] == 1 and out_shape[off + d] != 1 else idx[off + d] for d in range(t.ndim))]
+
+
+def elementwise(ctx: NodeCtx, inputs: Sequence[int], f: Callable[..., Any], name: str = "out") -> Tensor:
+    """An element-wise kernel over broadcast inputs: ``out[i] = f(x0[i], x1[i], ...)``."""
+    ts = [ctx.tensor(i) for i in inputs]
+    shape = broadcast_shapes(ctx, *(ctx.shape(i) for i in inputs))
+    return te.compute(shape, lambda *idx: f(*(bcast_read(t, shape, idx) for t in ts)), name=name)
+
+
+def shape_of(t: Tensor) -> tuple[int, ...]:
+    return tuple(int(d.value) for d in t.shape)
+
+
+def const(v: Any, dtype: str) -> Any:
+    return te.const(v, dtype)

@@ -1,0 +1,349 @@
+"""ONNX neural-network operators: Conv, Gemm, MatMul, pooling, BatchNormalization, LRN, Softmax,
+LogSoftmax and LayerNormalization."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from cuvil import dtype as dt
+from cuvil import te
+from cuvil.errors import DTypeError
+from cuvil.frontend.onnx_ops import NodeCtx, bcast_read, broadcast_shapes, norm_axis, op
+from cuvil.ir.expr import min_value
+from cuvil.te.tensor import Tensor
+
+
+def _ints(ctx: NodeCtx, name: str, n: int, default: int) -> list[int]:
+    v = ctx.attr(name)
+    return [int(x) for x in v] if v is not None else [default] * n
+
+
+def _auto_pad(ctx: NodeCtx) -> str:
+    a = ctx.attr("auto_pad", "NOTSET")
+    return a.decode() if isinstance(a, bytes) else a
+
+
+def _window(ctx: NodeCtx, spatial: tuple[int, ...], kernel: list[int], ceil_mode: bool = False
+            ) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Strides, dilations, begin pads and output sizes of a sliding window over ``spatial``."""
+    n = len(spatial)
+    strides = _ints(ctx, "strides", n, 1)
+    dil = _ints(ctx, "dilations", n, 1)
+    pads = _ints(ctx, "pads", 2 * n, 0)
+    mode = _auto_pad(ctx)
+    begin, out = [], []
+    for d in range(n):
+        span = dil[d] * (kernel[d] - 1) + 1
+        if mode in ("SAME_UPPER", "SAME_LOWER"):
+            sp = -(-spatial[d] // strides[d])
+            total = max((sp - 1) * strides[d] + span - spatial[d], 0)
+            pb = total // 2 if mode == "SAME_UPPER" else total - total // 2
+            begin.append(pb)
+            out.append(sp)
+            continue
+        pb, pe = (0, 0) if mode == "VALID" else (pads[d], pads[d + n])
+        full = spatial[d] + pb + pe - span
+        if full < 0:
+            raise ctx.error(f"the window ({span}) is larger than the padded input ({spatial[d] + pb + pe})")
+        sp = (-(-full // strides[d]) if ceil_mode else full // strides[d]) + 1
+        if ceil_mode and (sp - 1) * strides[d] >= spatial[d] + pb:
+            sp -= 1
+        begin.append(pb)
+        out.append(sp)
+    return strides, dil, begin, out
+
+
+def _float_input(ctx: NodeCtx) -> None:
+    if not dt.is_float(ctx.dtype(0)):
+        raise DTypeError(f"{ctx.node}: input 0 is {ctx.dtype(0)}; this operator needs a float tensor")
+
+
+@op("Conv")
+def conv(ctx: NodeCtx) -> list:
+    _float_input(ctx)
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    if len(xs) < 3 or len(ws) != len(xs):
+        raise ctx.error(f"input {list(xs)} and weights {list(ws)} must be (N, C, ...) and (M, C/group, ...)")
+    g = int(ctx.attr("group", 1))
+    n_sp = len(xs) - 2
+    kernel = list(ws[2:])
+    if xs[1] != ws[1] * g or ws[0] % g:
+        raise ctx.error(f"{xs[1]} input channels do not fit weights {list(ws)} with group={g}")
+    strides, dil, begin, out = _window(ctx, xs[2:], kernel)
+    X, W = ctx.tensor(0), ctx.tensor(1)
+    padded = [(begin[d], max(0, (out[d] - 1) * strides[d] + dil[d] * (kernel[d] - 1) + 1 - begin[d] - xs[2 + d]))
+              for d in range(n_sp)]
+    if any(a or b for a, b in padded):
+        pshape = xs[:2] + tuple(xs[2 + d] + a + b for d, (a, b) in enumerate(padded))
+
+        def pad_body(*i: Any) -> Any:
+            inside = [c for d, (a, b) in enumerate(padded) for c in
+                      ([i[2 + d] >= a] if a else []) + ([i[2 + d] < xs[2 + d] + a] if b else [])]
+            src = tuple(i[:2]) + tuple(i[2 + d] - padded[d][0] for d in range(n_sp))
+            return te.if_then_else(te.all(*inside), X[src], te.const(0, X.dtype))
+
+        X = te.compute(pshape, pad_body, name="conv_pad")
+    cg = ws[1]
+    per_group = ws[0] // g
+    rc = te.reduce_axis((0, cg), name="rc")
+    rk = [te.reduce_axis((0, kernel[d]), name=f"rk{d}") for d in range(n_sp)]
+
+    def body(n: Any, m: Any, *sp: Any) -> Any:
+        c = rc if g == 1 else (m // per_group) * cg + rc
+        src = (n, c) + tuple(sp[d] * strides[d] + rk[d] * dil[d] for d in range(n_sp))
+        return te.sum(X[src] * W[(m, rc) + tuple(rk)], axis=[rc] + rk)
+
+    shape = (xs[0], ws[0]) + tuple(out)
+    y = te.compute(shape, body, name="conv")
+    if ctx.has(2):
+        b = ctx.tensor(2)
+        y = te.compute(shape, lambda n, m, *sp: y[(n, m) + sp] + b[m], name="conv_bias")
+    return [y]
+
+
+@op("Gemm")
+def gemm(ctx: NodeCtx) -> list:
+    A, B = ctx.tensor(0), ctx.tensor(1)
+    ta, tb = int(ctx.attr("transA", 0)), int(ctx.attr("transB", 0))
+    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
+    (m, ka), (kb, n) = ctx.shape(0)[::-1] if ta else ctx.shape(0), ctx.shape(1)[::-1] if tb else ctx.shape(1)
+    if ka != kb:
+        raise ctx.error(f"A {list(ctx.shape(0))} (transA={ta}) and B {list(ctx.shape(1))} (transB={tb}) do not "
+                        "multiply")
+    k = te.reduce_axis((0, ka), name="k")
+    y = te.compute((m, n), lambda i, j: te.sum((A[k, i] if ta else A[i, k]) * (B[j, k] if tb else B[k, j]), axis=k),
+                   name="gemm")
+    if ctx.has(2) or alpha != 1.0:
+        c = ctx.tensor(2) if ctx.has(2) else None
+        if c is not None:
+            broadcast_shapes(ctx, ctx.shape(2), (m, n))
+
+        def epi(i: Any, j: Any) -> Any:
+            v = y[i, j] * alpha if alpha != 1.0 else y[i, j]
+            if c is None or beta == 0.0:
+                return v
+            cv = bcast_read(c, (m, n), (i, j))
+            return v + (cv * beta if beta != 1.0 else cv)
+
+        return [te.compute((m, n), epi, name="gemm_out")]
+    return [y]
+
+
+@op("MatMul")
+def matmul(ctx: NodeCtx) -> list:
+    a_s, b_s = ctx.shape(0), ctx.shape(1)
+    A, B = ctx.tensor(0), ctx.tensor(1)
+    a2 = a_s if len(a_s) > 1 else (1,) + a_s
+    b2 = b_s if len(b_s) > 1 else b_s + (1,)
+    if a2[-1] != b2[-2]:
+        raise ctx.error(f"shapes {list(a_s)} and {list(b_s)} do not multiply")
+    batch = broadcast_shapes(ctx, a2[:-2], b2[:-2])
+    full = batch + (a2[-2], b2[-1])
+    out = batch + ((a2[-2],) if len(a_s) > 1 else ()) + ((b2[-1],) if len(b_s) > 1 else ())
+    k = te.reduce_axis((0, a2[-1]), name="k")
+    nb = len(batch)
+
+    def read(t: Tensor, shp: tuple[int, ...], idx: tuple[Any, ...], vec_first: bool) -> Any:
+        if len(shp) == 1:
+            return t[idx[-2] if vec_first else idx[-1]]
+        off = nb - (len(shp) - 2)
+        bidx = tuple(0 if shp[d] == 1 and batch[off + d] != 1 else idx[off + d] for d in range(len(shp) - 2))
+        return t[bidx + idx[-2:]]
+
+    def body(*i: Any) -> Any:
+        i = list(i)
+        if len(a_s) == 1:
+            i.insert(nb, 0)
+        if len(b_s) == 1:
+            i.append(0)
+        bi = tuple(i[:nb])
+        return te.sum(read(A, a_s, bi + (i[nb], k), False) * read(B, b_s, bi + (k, i[nb + 1]), True), axis=k)
+
+    del full
+    return [te.compute(out, body, name="matmul")]
+
+
+@op("BatchNormalization")
+def batch_norm(ctx: NodeCtx) -> list:
+    _float_input(ctx)
+    if int(ctx.attr("training_mode", 0)) or (ctx.opset < 9 and len(ctx.node.outputs) > 1 and ctx.node.outputs[1]):
+        raise ctx.unsupported("training mode (batch statistics) is not supported; cuvil compiles inference")
+    eps = float(ctx.attr("epsilon", 1e-5))
+    shp = ctx.shape(0)
+    X, s, b, mean, var = (ctx.tensor(i) for i in range(5))
+
+    def body(*i: Any) -> Any:
+        c = i[1] if len(shp) > 1 else 0
+        return (X[i] - mean[c]) / te.sqrt(var[c] + eps) * s[c] + b[c]
+
+    return [te.compute(shp, body, name="batchnorm")]
+
+
+def _pool(ctx: NodeCtx, kind: str) -> list:
+    xs = ctx.shape(0)
+    n_sp = len(xs) - 2
+    kernel = [int(k) for k in ctx.attr("kernel_shape")]
+    if len(kernel) != n_sp:
+        raise ctx.error(f"kernel_shape {kernel} does not fit the input {list(xs)}")
+    strides, dil, begin, out = _window(ctx, xs[2:], kernel, bool(int(ctx.attr("ceil_mode", 0))))
+    X = ctx.tensor(0)
+    rk = [te.reduce_axis((0, kernel[d]), name=f"rk{d}") for d in range(n_sp)]
+    shape = xs[:2] + tuple(out)
+
+    def pos(sp: tuple[Any, ...], d: int) -> Any:
+        return sp[d] * strides[d] - begin[d] + rk[d] * dil[d]
+
+    def inside(sp: tuple[Any, ...], lo: list[int], hi: list[int]) -> Any:
+        return te.all(*[c for d in range(n_sp) for c in (pos(sp, d) >= lo[d], pos(sp, d) < hi[d])])
+
+    def read(n: Any, c: Any, sp: tuple[Any, ...]) -> Any:
+        return X[(n, c) + tuple(pos(sp, d) for d in range(n_sp))]
+
+    zeros, sizes = [0] * n_sp, list(xs[2:])
+    if kind == "max":
+        low = min_value(X.dtype)
+        return [te.compute(shape, lambda n, c, *sp: te.max(
+            te.if_then_else(inside(sp, zeros, sizes), read(n, c, sp), low), axis=rk), name="maxpool")]
+    total = te.compute(shape, lambda n, c, *sp: te.sum(
+        te.if_then_else(inside(sp, zeros, sizes), read(n, c, sp), te.const(0, X.dtype)), axis=rk), name="pool_sum")
+    if int(ctx.attr("count_include_pad", 0)):
+        pads = _ints(ctx, "pads", 2 * n_sp, 0)
+        lo = [-b for b in begin]
+        hi = [xs[2 + d] + (pads[d + n_sp] if _auto_pad(ctx) == "NOTSET" else begin[d]) for d in range(n_sp)]
+    else:
+        lo, hi = zeros, sizes
+    rc = [te.reduce_axis((0, kernel[d]), name=f"rc{d}") for d in range(n_sp)]
+
+    def count_body(*sp: Any) -> Any:
+        ps = [sp[d] * strides[d] - begin[d] + rc[d] * dil[d] for d in range(n_sp)]
+        ok = te.all(*[c for d in range(n_sp) for c in (ps[d] >= lo[d], ps[d] < hi[d])])
+        return te.sum(te.if_then_else(ok, te.const(1, X.dtype), te.const(0, X.dtype)), axis=rc)
+
+    count = te.compute(tuple(out), count_body, name="pool_count")
+    return [te.compute(shape, lambda n, c, *sp: total[(n, c) + sp] / count[sp], name="avgpool")]
+
+
+@op("MaxPool")
+def max_pool(ctx: NodeCtx) -> list:
+    if len(ctx.node.outputs) > 1 and ctx.node.outputs[1]:
+        raise ctx.unsupported("the Indices output is not supported")
+    return _pool(ctx, "max")
+
+
+@op("AveragePool")
+def average_pool(ctx: NodeCtx) -> list:
+    _float_input(ctx)
+    return _pool(ctx, "avg")
+
+
+@op("GlobalAveragePool", "GlobalMaxPool")
+def global_pool(ctx: NodeCtx) -> list:
+    xs = ctx.shape(0)
+    X = ctx.tensor(0)
+    rk = [te.reduce_axis((0, d), name=f"rk{k}") for k, d in enumerate(xs[2:])]
+    shape = xs[:2] + (1,) * (len(xs) - 2)
+    if ctx.node.op_type == "GlobalMaxPool":
+        return [te.compute(shape, lambda n, c, *_: te.max(X[(n, c) + tuple(rk)], axis=rk), name="gmaxpool")]
+    _float_input(ctx)
+    total = te.compute(shape, lambda n, c, *_: te.sum(X[(n, c) + tuple(rk)], axis=rk), name="gsum")
+    inv = 1.0 / math.prod(xs[2:])
+    return [te.compute(shape, lambda *i: total[i] * inv, name="gavgpool")]
+
+
+@op("LRN")
+def lrn(ctx: NodeCtx) -> list:
+    _float_input(ctx)
+    xs = ctx.shape(0)
+    size = int(ctx.attr("size"))
+    alpha, beta, bias = float(ctx.attr("alpha", 1e-4)), float(ctx.attr("beta", 0.75)), float(ctx.attr("bias", 1.0))
+    X = ctx.tensor(0)
+    lo = (size - 1) // 2
+    r = te.reduce_axis((0, size), name="r")
+
+    def sq(n: Any, c: Any, *s: Any) -> Any:
+        cc = c - lo + r
+        v = X[(n, cc) + s]
+        return te.sum(te.if_then_else(te.all(cc >= 0, cc < xs[1]), v * v, te.const(0, X.dtype)), axis=r)
+
+    ss = te.compute(xs, sq, name="lrn_sq")
+    return [te.compute(xs, lambda *i: X[i] / te.power(ss[i] * (alpha / size) + bias, te.const(beta, X.dtype)),
+                       name="lrn")]
+
+
+# -- normalisations over a set of axes ---------------------------------------------------
+
+
+def _reduce_keep(X: Any, shape: tuple[int, ...], axes: list[int], kind: str, f: Any = None, name: str = "r") -> Tensor:
+    """``kind`` ("sum" | "max") of ``f(X)[i]`` over ``axes``, keeping them as size-1 dimensions."""
+    rs = {a: te.reduce_axis((0, shape[a]), name=f"r{a}") for a in axes}
+    out = tuple(1 if d in rs else s for d, s in enumerate(shape))
+    f = f or (lambda v: v)
+
+    def body(*i: Any) -> Any:
+        src = tuple(rs[d] if d in rs else i[d] for d in range(len(shape)))
+        v = f(X[src])
+        return te.sum(v, axis=list(rs.values())) if kind == "sum" else te.max(v, axis=list(rs.values()))
+
+    return te.compute(out, body, name=name)
+
+
+def _kept(i: tuple[Any, ...], axes: list[int]) -> tuple[Any, ...]:
+    return tuple(0 if d in axes else x for d, x in enumerate(i))
+
+
+@op("Softmax", "LogSoftmax")
+def softmax(ctx: NodeCtx) -> list:
+    _float_input(ctx)
+    xs = ctx.shape(0)
+    if ctx.opset >= 13:
+        axes = [norm_axis(ctx, int(ctx.attr("axis", -1)), len(xs))]
+    else:
+        axes = list(range(norm_axis(ctx, int(ctx.attr("axis", 1)), len(xs)), len(xs)))
+    X = ctx.tensor(0)
+    if math.prod(xs) == 0:
+        return [np.zeros(xs, ctx.dtype(0))]
+    m = _reduce_keep(X, xs, axes, "max", name="smax")
+    e = te.compute(xs, lambda *i: te.exp(X[i] - m[_kept(i, axes)]), name="sexp")
+    s = _reduce_keep(e, xs, axes, "sum", name="ssum")
+    if ctx.node.op_type == "LogSoftmax":
+        return [te.compute(xs, lambda *i: X[i] - m[_kept(i, axes)] - te.log(s[_kept(i, axes)]), name="logsoftmax")]
+    return [te.compute(xs, lambda *i: e[i] / s[_kept(i, axes)], name="softmax")]
+
+
+@op("LayerNormalization")
+def layer_norm(ctx: NodeCtx) -> list:
+    _float_input(ctx)
+    xs = ctx.shape(0)
+    axis = norm_axis(ctx, int(ctx.attr("axis", -1)), len(xs))
+    axes = list(range(axis, len(xs)))
+    eps = float(ctx.attr("epsilon", 1e-5))
+    dtype = ctx.dtype(0)
+    work = "float32" if dtype == "float16" else dtype
+    X0 = ctx.tensor(0)
+    X = X0 if work == dtype else te.compute(xs, lambda *i: te.cast(X0[i], work), name="x32")
+    n = math.prod(xs[axis:])
+    total = _reduce_keep(X, xs, axes, "sum", name="lsum")
+    mean = te.compute(total.shape, lambda *i: total[i] * (1.0 / n), name="mean")
+    d2 = te.compute(xs, lambda *i: (X[i] - mean[_kept(i, axes)]) * (X[i] - mean[_kept(i, axes)]), name="dev2")
+    var = _reduce_keep(d2, xs, axes, "sum", name="lvar")
+    inv = te.compute(total.shape, lambda *i: 1.0 / te.sqrt(var[i] * (1.0 / n) + eps), name="invstd")
+    scale = ctx.tensor(1)
+    bias = ctx.tensor(2) if ctx.has(2) else None
+
+    def body(*i: Any) -> Any:
+        k = _kept(i, axes)
+        y = (X[i] - mean[k]) * inv[k] * te.cast(bcast_read(scale, xs, i), work)
+        if bias is not None:
+            y = y + te.cast(bcast_read(bias, xs, i), work)
+        return te.cast(y, dtype) if work != dtype else y
+
+    outs: list = [te.compute(xs, body, name="layernorm")]
+    if len(ctx.node.outputs) > 1:
+        outs.append(mean)
+    if len(ctx.node.outputs) > 2:
+        outs.append(inv)
+    return outs
+

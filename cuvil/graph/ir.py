@@ -1,0 +1,65 @@
+"""The graph IR that model importers produce: values, nodes and constants, with no framework types.
+
+A :class:`Graph` lists its nodes in a valid execution order; every node input names a graph input,
+an initializer or an earlier node's output (``""`` is an absent optional input).  Shapes hold ints
+for known dimensions and strings for symbolic ones (``"batch"``); ``None`` is unknown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Dim = int | str | None
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    """A named tensor: its dtype (cuvil's name, ``None`` if unsupported) and shape (``None`` if unknown)."""
+
+    name: str
+    dtype: str | None
+    shape: tuple[Dim, ...] | None
+    type_str: str = ""  # the framework's spelling, e.g. "tensor(float)"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One operator application: ``outputs = op_type(inputs; attrs)``."""
+
+    op_type: str
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    domain: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.op_type} node {self.name!r}"
+
+
+@dataclass
+class Graph:
+    """A model: inputs to feed, outputs to return, constant tensors and nodes in execution order."""
+
+    name: str
+    inputs: list[ValueInfo]
+    outputs: list[ValueInfo]
+    initializers: dict[str, np.ndarray]
+    nodes: list[Node]
+    opset: int
+    value_info: dict[str, ValueInfo] = field(default_factory=dict)
+
+    @property
+    def feeds(self) -> list[ValueInfo]:
+        """The inputs a caller must feed (graph inputs without an initializer)."""
+        return [v for v in self.inputs if v.name not in self.initializers]
+
+    def op_types(self) -> dict[str, list[str]]:
+        """Each op type with the names of its nodes."""
+        out: dict[str, list[str]] = {}
+        for n in self.nodes:
+            out.setdefault(n.op_type if not n.domain else f"{n.domain}.{n.op_type}", []).append(n.name)
+        return out

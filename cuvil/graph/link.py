@@ -1,0 +1,145 @@
+"""Many lowered kernels -> one LLVM module with one entry point.
+
+A compiled graph is a list of kernel calls over numbered *slots* (buffers)::
+
+    int32_t <entry>(void **slots);           // slots[s]: data pointer of buffer s
+      k0(args = {slots[0], slots[3]}, sizes = NULL)   // each kernel: int32_t k(void **args, int64_t *sizes)
+      k1(args = {slots[3], slots[1], slots[4]}, ...)
+      ...                                             // returns the first non-zero status
+
+Every kernel is a :class:`~cuvil.ir.stmt.LoweredFunc` of constant shapes, emitted by the LLVM code
+generator into the same module under its own name; a kernel called several times is emitted once.
+``void <entry>_set_num_threads(int32_t n)`` sets the thread count of every kernel's parallel loops.
+The whole module goes through one O3 run and one JIT, and a run is one native call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cuvil.ir.stmt import LoweredFunc
+
+ENTRY = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One call of the entry function: ``kernel(slots[args[0]], slots[args[1]], ...)``."""
+
+    kernel: str
+    args: tuple[int, ...]
+
+
+def link_ir(kernels: Sequence[LoweredFunc], calls: Sequence[KernelCall], target: Any, entry: str = "graph") -> str:
+    """The LLVM IR text (unoptimised) of the kernels and an entry point that calls them in order."""
+    from llvmlite import ir
+
+    from cuvil.codegen.llvm import _finish_text, _FuncEmitter, target_machine
+    from cuvil.codegen.llvm_expr import I32, I64, PTR
+    from cuvil.target import Target
+
+    tgt = Target(target)
+    module = ir.Module(name=entry)
+    module.triple = tgt.triple
+    module.data_layout = str(target_machine(tgt).target_data)
+    for f in kernels:
+        if f.size_vars:
+            raise ValueError(f"kernel {f.name}: linked kernels have constant shapes, got sizes {f.size_vars}")
+        _FuncEmitter(module, f, tgt).emit()
+    fn = ir.Function(module, ir.FunctionType(I32, [PTR]), entry)
+    fn.attributes.add("nounwind")
+    slots = fn.args[0]
+    slots.name = "slots"
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    width = max([len(c.args) for c in calls] + [1])
+    argv = b.alloca(ir.ArrayType(PTR, width), name="argv")
+    fail = fn.append_basic_block("fail") if calls else None
+    status = ir.IRBuilder(fail).phi(I32, name="status") if fail is not None else None
+    for n, call in enumerate(calls):
+        kfn = module.globals[call.kernel]
+        for i, s in enumerate(call.args):
+            src = b.gep(slots, [ir.Constant(I64, s)], inbounds=True, source_etype=PTR)
+            dst = b.gep(argv, [ir.Constant(I64, 0), ir.Constant(I64, i)], inbounds=True)
+            b.store(b.load(src, typ=PTR), dst)
+        rc = b.call(kfn, [b.bitcast(argv, PTR), ir.Constant(PTR, None)])
+        ok = fn.append_basic_block(f"call{n}.ok")
+        status.add_incoming(rc, b.block)
+        b.cbranch(b.icmp_signed("!=", rc, ir.Constant(I32, 0)), fail, ok)
+        b.position_at_end(ok)
+    b.ret(ir.Constant(I32, 0))
+    if fail is not None:
+        ir.IRBuilder(fail).ret(status)
+    setter = ir.Function(module, ir.FunctionType(ir.VoidType(), [I32]), f"{entry}_set_num_threads")
+    setter.attributes.add("nounwind")
+    sb = ir.IRBuilder(setter.append_basic_block("entry"))
+    for f in kernels:
+        ks = module.globals.get(f"{f.name}_set_num_threads")
+        if ks is not None:
+            sb.call(ks, [setter.args[0]])
+    sb.ret_void()
+    return _finish_text(str(module), tgt)
+
+
+class LinkedModule:
+    """The kernels and calls compiled into one JIT-ed native function ``run(slot_pointers)``."""
+
+    def __init__(self, kernels: Sequence[LoweredFunc], calls: Sequence[KernelCall], target: Any,
+                 entry: str = "graph"):
+        import llvmlite.binding as llvm
+
+        from cuvil.codegen import llvm as cg
+        from cuvil.runtime import threads
+        from cuvil.target import Target
+
+        self.target = Target(target)
+        self.entry = entry
+        self.kernels = tuple(kernels)
+        self.calls = tuple(calls)
+        self.n_slots = 1 + max((s for c in calls for s in c.args), default=-1)
+        self._ir_unopt = link_ir(self.kernels, self.calls, self.target, entry)
+        self._llmod = cg.optimize(self._ir_unopt, self.target)
+        self._ir_opt = str(self._llmod)
+        if '@"GOMP_parallel"' in self._ir_unopt or "@GOMP_parallel" in self._ir_unopt:
+            threads.load_libgomp()
+        mod = llvm.parse_assembly(self._ir_opt)
+        tm = llvm.Target.from_triple(self.target.triple).create_target_machine(
+            cpu=self.target.cpu, features=self.target.features, opt=3, codemodel="jitdefault")
+        self._engine = llvm.create_mcjit_compiler(mod, tm)
+        self._engine.finalize_object()
+        self._fn = ENTRY(self._engine.get_function_address(entry))
+        self._setter = threads.SETTER(self._engine.get_function_address(f"{entry}_set_num_threads"))
+        self.session_threads: int | None = None
+        threads.register(self, self._setter)
+        self._set_threads(threads.get_num_threads())
+
+    def _set_threads(self, count: int) -> None:
+        """Called by cuvil.runtime.threads; a session's own count wins unless set_num_threads was called."""
+        from cuvil.runtime import threads
+
+        if self.session_threads is not None and threads._explicit is None:
+            count = self.session_threads
+        self._setter(count)
+
+    def get_source(self, fmt: str = "llvm") -> str:
+        """"loops" (every kernel's loop nest), "llvm" (optimised), "llvm-unopt" or "asm"."""
+        from cuvil.codegen import llvm as cg
+
+        if fmt == "loops":
+            return "\n\n".join(str(k) for k in self.kernels)
+        if fmt == "llvm":
+            return self._ir_opt
+        if fmt == "llvm-unopt":
+            return self._ir_unopt
+        if fmt == "asm":
+            return cg.assembly(self._llmod, self.target)
+        from cuvil.errors import ArgumentError
+
+        raise ArgumentError(f"unknown source format {fmt!r}; use 'loops', 'llvm', 'llvm-unopt' or 'asm'")
+
+    def __call__(self, pointers: Sequence[int]) -> int:
+        """One native call with the slots' data pointers; returns the status (0: success)."""
+        arr = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
+        return int(self._fn(ctypes.addressof(arr)))

@@ -1,0 +1,162 @@
+"""An onnxruntime-compatible ``InferenceSession`` that runs ONNX models as cuvil-compiled native code.
+
+    import cuvil.onnx
+    sess = cuvil.onnx.InferenceSession("model.onnx")            # providers= accepted and ignored
+    [y] = sess.run(None, {"x": x})                              # onnxruntime's calling convention
+    sess.get_inputs()[0].name, .shape, .type                    # "x", [1, 3, 224, 224], "tensor(float)"
+
+The model is compiled for the input shapes it declares when they are all known; otherwise (a
+symbolic batch, an input whose value decides a shape) on the first ``run`` with each new
+signature (the fed shapes, and the values of inputs that decide shapes), then cached.  A run is one
+native call.  ``onnx`` is imported here, never by ``import cuvil``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cuvil.errors import ArgumentError, DTypeError, ShapeError, UnsupportedOpError
+
+__all__ = ["InferenceSession", "NodeArg"]
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """A model input or output as onnxruntime describes it."""
+
+    name: str
+    shape: list[int | str | None]
+    type: str
+
+
+class InferenceSession:
+    """Compile an ONNX model (path, bytes or ModelProto) for ``target`` and run it like onnxruntime."""
+
+    def __init__(self, path_or_bytes: Any, sess_options: Any = None, providers: Any = None, target: str = "llvm",
+                 num_threads: int | None = None, tuning_db: Any = None, **kwargs: Any):
+        from cuvil.frontend.onnx import check_supported, import_model, load_model
+
+        if tuning_db is not None:
+            raise UnsupportedOpError("tuning_db: the autotuner and its database are not part of cuvil yet")
+        if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
+                                        or num_threads < 1):
+            raise ArgumentError(f"num_threads must be a positive int or None, got {num_threads!r}")
+        self.target = target
+        self.num_threads = num_threads
+        self._graph = import_model(load_model(path_or_bytes))
+        check_supported(self._graph)  # every unsupported op at once, before compiling anything
+        self._feeds = self._graph.feeds
+        self._specialised: set[str] = set()
+        self._cache: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+        static = {v.name: v.shape for v in self._feeds}
+        if all(s is not None and all(isinstance(d, int) for d in s) for s in static.values()):
+            self._compiled({n: tuple(s) for n, s in static.items()}, {}, allow_defer=True)  # type: ignore[arg-type]
+
+    # -- onnxruntime's introspection -------------------------------------------------------
+    def get_inputs(self) -> list[NodeArg]:
+        return [NodeArg(v.name, list(v.shape or []), v.type_str) for v in self._feeds]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [NodeArg(v.name, list(v.shape or []), v.type_str) for v in self._graph.outputs]
+
+    def get_providers(self) -> list[str]:
+        return ["CuvilExecutionProvider"]
+
+    # -- running ---------------------------------------------------------------------------
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None
+            ) -> list[np.ndarray]:
+        """The outputs named (all when ``None``), in order, for the fed inputs."""
+        feeds = self._check_feeds(input_feed)
+        names = [v.name for v in self._graph.outputs]
+        if output_names is None:
+            output_names = names
+        for n in output_names:
+            if n not in names:
+                raise ArgumentError(f"{n!r} is not an output of the model; outputs: {', '.join(names)}")
+        shapes = {n: a.shape for n, a in feeds.items()}
+        while True:
+            try:
+                prog = self._compiled(shapes, {n: feeds[n] for n in self._specialised})
+                break
+            except _Retry:
+                continue  # an input decides a shape: specialise on its value too
+        results = prog.run(feeds)
+        return [results[n] for n in output_names]
+
+    def _compiled(self, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray],
+                  allow_defer: bool = False) -> Any:
+        from cuvil.frontend.onnx import compile_graph
+        from cuvil.frontend.onnx_ops import NeedsValue
+
+        with self._lock:
+            while True:
+                key = (tuple(sorted((n, tuple(s)) for n, s in shapes.items())),
+                       tuple(sorted((n, np.asarray(v).tobytes()) for n, v in known.items())))
+                if key in self._cache:
+                    return self._cache[key]
+                runtime_shapes = {n: s for n, s in shapes.items() if n not in known}
+                try:
+                    prog = compile_graph(self._graph, runtime_shapes, known, self.target)
+                except NeedsValue as nv:
+                    feeds_needed = set(nv.inputs) - set(known)
+                    if not feeds_needed:
+                        raise ShapeError(str(nv)) from None
+                    self._specialised |= feeds_needed
+                    if allow_defer:
+                        return None  # compiled on the first run, with the values fed
+                    raise _Retry(feeds_needed) from None
+                if prog.module is not None:
+                    prog.module.session_threads = self.num_threads
+                    if self.num_threads is not None:
+                        prog.module._set_threads(self.num_threads)
+                self._cache[key] = prog
+                return prog
+
+    def _check_feeds(self, input_feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        if not isinstance(input_feed, Mapping):
+            raise ArgumentError(f"the feeds must be a dict {{input name: array}}, got {type(input_feed).__name__}")
+        expected = {v.name: v for v in self._feeds}
+        extra = [n for n in input_feed if n not in expected]
+        if extra:
+            raise ArgumentError(f"unknown input(s) {', '.join(repr(n) for n in extra)}; the model's inputs are "
+                                f"{', '.join(expected)}")
+        missing = [n for n in expected if n not in input_feed]
+        if missing:
+            raise ArgumentError(f"missing input(s) {', '.join(repr(n) for n in missing)}")
+        feeds: dict[str, np.ndarray] = {}
+        symbols: dict[str, tuple[int, str]] = {}
+        for n, v in expected.items():
+            a = input_feed[n]
+            if not isinstance(a, np.ndarray):
+                if isinstance(a, np.generic):
+                    a = np.asarray(a)
+                else:
+                    raise ArgumentError(f"input {n!r}: expected a numpy array, got {type(a).__name__}")
+            if a.dtype.name != v.dtype:
+                raise DTypeError(f"input {n!r}: expected {v.type_str} ({v.dtype}), got {a.dtype.name}; cuvil "
+                                 "does not cast inputs")
+            if v.shape is not None:
+                if a.ndim != len(v.shape):
+                    raise ShapeError(f"input {n!r}: expected rank {len(v.shape)} {list(v.shape)}, got shape "
+                                     f"{list(a.shape)}")
+                for d, (want, got) in enumerate(zip(v.shape, a.shape)):
+                    if isinstance(want, int) and want != got:
+                        raise ShapeError(f"input {n!r}: dimension {d} must be {want}, got {got} "
+                                         f"(shape {list(a.shape)})")
+                    if isinstance(want, str):
+                        if want in symbols and symbols[want][0] != got:
+                            raise ShapeError(f"input {n!r}: dimension {d} ({want}) is {got}, but {want} is "
+                                             f"{symbols[want][0]} in input {symbols[want][1]!r}")
+                        symbols.setdefault(want, (got, n))
+            feeds[n] = a
+        return feeds
+
+
+class _Retry(Exception):
+    pass
