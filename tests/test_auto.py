@@ -2,10 +2,12 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cuvil
 from cuvil import te
-from cuvil.schedule.auto import PARALLEL_MIN_WORK, find_contraction
+from cuvil.schedule.auto import PARALLEL_MIN_WORK, auto_schedule, find_contraction, knob_space
 from cuvil.te import ops
 
 rng = np.random.default_rng(0)
@@ -188,3 +190,22 @@ def test_a_transposing_consumer_is_not_taken_for_an_epilogue():
     b = rng.standard_normal((k, n), dtype=np.float32)
     _, (d,) = _run([A, B, D], [a, b])
     _close(d, 2 * (a.astype(np.float64) @ b).T, k)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.data())
+def test_every_knob_combination_gives_the_same_result(data):
+    # the autotuner's search space: any value of any knob is a legal schedule with numpy's result
+    m, n, k = 40, 72, 24
+    A = te.placeholder((m, k), name="A")
+    B = te.placeholder((k, n), name="B")
+    C = ops.relu(ops.matmul(A, B))
+    space = knob_space([A, B, C])
+    knobs = {stage: {name: data.draw(st.sampled_from(values), label=f"{stage}.{name}")
+                     for name, values in ks.items()} for stage, ks in space.items()}
+    s = auto_schedule([A, B, C], knobs=knobs)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    cuvil.build(s, [A, B, C])(a, b, c)
+    _close(c, np.maximum(a.astype(np.float64) @ b, 0), k)

@@ -28,7 +28,7 @@ so every decision is proved legal by isl and recorded in the trace:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cuvil.errors import ArgumentError, ScheduleError
@@ -84,12 +84,14 @@ def _reused_by_reduction(s: Schedule, st: Stage) -> bool:
 
 
 class AutoScheduler:
-    def __init__(self, s: Schedule, outputs: list[Stage], target: Any):
+    def __init__(self, s: Schedule, outputs: list[Stage], target: Any,
+                 knobs: Mapping[str, Mapping[str, Any]] | None = None):
         from cuvil.target import Target
 
         self.s = s
         self.outputs = outputs
         self.target = Target(target)
+        self.knobs = dict(knobs or {})  # stage name -> overrides of this scheduler's choices (see KNOBS)
         self.bits = max(128, self.target.vector_bits)
 
     def lanes(self, dtype: str) -> int:
@@ -109,11 +111,12 @@ class AutoScheduler:
         # 2. contractions (with their epilogues), then 3-4. the other stages, consumers first
         done: set[int] = set()
         for st in reversed(list(s.compute_stages)):
-            c = self.choose(st.op) if isinstance(st.op, ComputeOp) and st.op.reduce_axis else None
+            k = self.knobs.get(st.name, {})
+            c = self.choose(st.op, k.get("candidate")) if isinstance(st.op, ComputeOp) and st.op.reduce_axis else None
             if c is not None and st.attach == "root":
                 try:
                     with s.deferred_checks(self.outputs):  # legal by construction: isl checks it once
-                        done.update(self.contraction(st, c))
+                        done.update(self.contraction(st, c, k))
                 except ScheduleError:  # undone: the stage gets the plain reduction strategy below
                     pass
         for st in reversed(list(s.compute_stages)):
@@ -151,25 +154,34 @@ class AutoScheduler:
         used = ext_j / (-(-ext_j // v) * v)
         return mr * nv / (mr + nv) * used
 
-    def choose(self, op: ComputeOp) -> Contraction | None:
+    def candidates(self, op: ComputeOp) -> list[Contraction]:
+        """The contraction pairs of ``op`` this scheduler can tile (packing where it must be possible)."""
+        return [c for c in contraction_candidates(op)
+                if c.pack_dim is None or self._packable(c, self._tile_sizes(c, op.dtype)[1]) is not None]
+
+    def choose(self, op: ComputeOp, pick: int | None = None) -> Contraction | None:
         """The contraction pair of ``op`` to tile: the first unpacked one unless packing an operand gives a
-        tile with clearly more work per load (conv2d on small images: vectorise over the filters)."""
-        cands = [c for c in contraction_candidates(op)
-                 if c.pack_dim is None or self._packable(c, self._tile_sizes(c, op.dtype)[1]) is not None]
+        tile with clearly more work per load (conv2d on small images: vectorise over the filters);
+        ``pick`` (a knob) chooses by position in :meth:`candidates` instead."""
+        cands = self.candidates(op)
         if not cands:
             return None
+        if pick is not None:
+            return cands[pick % len(cands)]
         best = max(cands, key=lambda c: self._intensity(c, op.dtype))
         first = cands[0]
         if first.pack_dim is None and self._intensity(first, op.dtype) * PACK_GAIN >= self._intensity(best, op.dtype):
             return first
         return best
 
-    def contraction(self, st: Stage, c: Contraction) -> set[int]:
+    def contraction(self, st: Stage, c: Contraction, knobs: Mapping[str, Any] | None = None) -> set[int]:
         s = self.s
+        k = knobs or {}
         op: ComputeOp = st.op
         mr, nr = self._tile_sizes(c, op.dtype)
+        mr, nr = int(k.get("mr", mr)), int(k.get("nr", nr))
         work = self._work(st)  # multiply-adds, counted before cache_write moves the reduction away
-        pack = self._packable(c, nr)
+        pack = self._packable(c, nr) if k.get("pack", True) or c.pack_dim is not None else None
         readers = _readers(s, st)
         epilogue = (
             len(readers) == 1 and _elementwise(readers[0]) and readers[0].attach == "root"
@@ -196,7 +208,8 @@ class AutoScheduler:
                             c.vector, c.broadcast, c.pack_dim)
         io, jo, ii, ji = outer.tile(oi, oj, mr, nr)
         rest = [a for a in outer.leaves if not any(a is b for b in (io, jo, ii, ji))]
-        order = [jo, *rest, io] if pack is not None else [*rest, io, jo]
+        panels_outer = k.get("panels_outer", pack is not None)  # a packed panel stays in cache for all rows
+        order = [jo, *rest, io] if panels_outer else [*rest, io, jo]
         outer.reorder(*order)
         # fuse the outer loops into one parallel loop, except a tile loop with a tail: fused, its tail
         # could not be versioned apart (full tiles then keep constant inner bounds)
@@ -212,7 +225,7 @@ class AutoScheduler:
                 loops.append(a)
             else:
                 loops[-1] = outer.fuse(prev, a)
-        if work >= PARALLEL_MIN_WORK:  # below it, waking the threads costs more than it saves
+        if k.get("parallel", work >= PARALLEL_MIN_WORK):  # below it, waking threads costs more than it saves
             outer.parallel(loops[0])
         outer.vectorize(ji)
         cache.compute_at(outer, loops[-1])
@@ -244,10 +257,10 @@ class AutoScheduler:
         return t, (lambda *ax: (ax[d] // nr, *ax[:d], *ax[d + 1:], ax[d] % nr))
 
     def reduction(self, st: Stage) -> None:
-        if self._vector_reduction(st):
+        if self.knobs.get(st.name, {}).get("lanes", True) and self._vector_reduction(st):
             return
         data = [a for a in st.leaves if a.kind == "data"]
-        if data and self._big(st):
+        if data and self.knobs.get(st.name, {}).get("parallel", self._big(st)):
             st.parallel(data[0])
 
     def _vector_reduction(self, st: Stage) -> bool:
@@ -318,8 +331,13 @@ class AutoScheduler:
         return total >= 32 * 1024
 
 
-def auto_schedule(args: Sequence[Any], target: Any = "llvm") -> Schedule:
-    """A schedule for the program whose arguments are ``args`` (computed tensors are outputs)."""
+def auto_schedule(args: Sequence[Any], target: Any = "llvm",
+                  knobs: Mapping[str, Mapping[str, Any]] | None = None) -> Schedule:
+    """A schedule for the program whose arguments are ``args`` (computed tensors are outputs).
+
+    ``knobs`` (for the autotuner) overrides choices per stage name; :func:`knob_space` lists them.
+    A combination that is not legal leaves that stage to the plain strategy (isl decides).
+    """
     if not isinstance(args, (list, tuple)):
         raise ArgumentError("auto_schedule needs the argument list, e.g. [A, B, C]")
     outs = [a for a in args if isinstance(a, Tensor) and not isinstance(a.op, PlaceholderOp)]
@@ -330,7 +348,54 @@ def auto_schedule(args: Sequence[Any], target: Any = "llvm") -> Schedule:
         from cuvil.schedule.auto_gpu import GpuScheduler
 
         return GpuScheduler(s, [s[o] for o in outs], target).run()
-    return AutoScheduler(s, [s[o] for o in outs], target).run()
+    return AutoScheduler(s, [s[o] for o in outs], target, knobs).run()
+
+
+KNOBS = {
+    "candidate": "contraction: which (vector operand, column axis) pair to tile (index into the candidates)",
+    "mr": "contraction: rows of the register tile (unrolled)",
+    "nr": "contraction: columns of the register tile (vectorised; a multiple of the vector width)",
+    "pack": "contraction: pack the vector operand into panels of nr columns (cache_read with a layout)",
+    "panels_outer": "contraction: column panels outermost (a panel stays in cache while every row tile uses it)",
+    "parallel": "run the outer loop on threads",
+    "lanes": "row reduction: keep vector-lane partial results (rfactor)",
+}
+
+
+def knob_space(args: Sequence[Any], target: Any = "llvm") -> dict[str, dict[str, list[Any]]]:
+    """For each stage the auto-scheduler would tune, the values each knob (:data:`KNOBS`) can take.
+
+    Any combination can be passed to :func:`auto_schedule`; one that isl refuses leaves its stage to
+    the plain strategy, so every combination gives a legal schedule."""
+    outs = [a for a in args if isinstance(a, Tensor) and not isinstance(a.op, PlaceholderOp)]
+    if not outs:
+        raise ArgumentError("knob_space: none of the arguments is a computed tensor")
+    s = Schedule(outs)
+    sch = AutoScheduler(s, [s[o] for o in outs], target)
+    space: dict[str, dict[str, list[Any]]] = {}
+    for st in s.compute_stages:
+        op = st.op
+        if not isinstance(op, ComputeOp) or not op.reduce_axis:
+            if isinstance(op, ComputeOp) and not any(st is o for o in sch.outputs):
+                continue  # inlined
+            space[st.name] = {"parallel": [True, False]}
+            continue
+        cands = sch.candidates(op)
+        if not cands:
+            space[st.name] = {"parallel": [True, False], "lanes": [True, False]}
+            continue
+        v = sch.lanes(op.dtype)
+        regs = 32 if sch.bits >= 512 else 16
+        tiles = [(mr, nv * v) for nv in (1, 2, 3, 4) for mr in range(1, 15) if mr * nv + nv + 1 <= regs]
+        space[st.name] = {
+            "candidate": list(range(len(cands))),
+            "mr": sorted({mr for mr, _ in tiles}),
+            "nr": sorted({nr for _, nr in tiles}),
+            "pack": [True, False],
+            "panels_outer": [True, False],
+            "parallel": [True, False],
+        }
+    return space
 
 
 def _is_cuda(target: Any) -> bool:
