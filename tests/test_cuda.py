@@ -64,7 +64,8 @@ def test_auto_scheduled_matmul_stages_tiles_in_shared_memory():
     report = m.check_ptx()
     assert "bytes smem" in report and "spill" in report
     assert [k.block for k in m.program.kernels] == [(16, 16, 1)]
-    assert tuple(int(g.value) for g in m.program.kernels[0].grid) == (8, 8, 1)
+    assert tuple(int(g.value) for g in m.program.kernels[0].grid) == (4, 4, 1)  # 128 x 128 tiles
+    assert "float C_local[64];" in cu  # 8 x 8 accumulators per thread, in registers
 
 
 def test_elementwise_with_runtime_size_and_every_dtype_path():

@@ -40,10 +40,11 @@ from cuvil.errors import ScheduleError
 from cuvil.ir import expr as E
 from cuvil.ir.expr import Binary, Const, Expr, Var
 from cuvil.ir.functor import free_vars
-from cuvil.ir.simplify import simplify_expr
+from cuvil.ir.simplify import _linear, simplify_expr
 from cuvil.ir.stmt import GPU_TAGS, Allocate, Block, Buffer, For, If, LetStmt, LoweredFunc, Stmt, Store
 
 MAX_THREADS = 1024
+UNROLL = 64  # loop nests inside thread regions with at most this many innermost iterations are unrolled
 
 
 @dataclass(frozen=True)
@@ -136,10 +137,15 @@ class _KernelEmitter:
             raise InternalError(f"internal error in CUDA codegen: buffer {buf.name} used outside its scope")
         if len(idx) != len(buf.shape):
             raise InternalError(f"internal error in CUDA codegen: {buf.name} indexed with {len(idx)} indices")
+        shape = buf.shape
+        if id(buf) in self.private:
+            tags, dims = self.private[id(buf)]
+            idx = tuple(_own_index(i, self.thread_var[t], self.block_dims[t]) if t else i for i, t in zip(idx, tags))
+            shape = tuple(E.const(d, "int64") for d in dims)
         if not idx:
             return f"{name}[0]"
         flat = self.pr(idx[0])
-        for d, i in zip(buf.shape[1:], idx[1:]):
+        for d, i in zip(shape[1:], idx[1:]):
             flat = f"({flat}) * {self.pr(d)} + {self.pr(i)}"
         return f"{name}[{flat}]"
 
@@ -153,6 +159,9 @@ class _KernelEmitter:
             params.append(f"long long {self.bind_var(v)}")
         self.has_threads = _tags(body, "threadIdx")
         self.has_blocks = _tags(body, "blockIdx")
+        self.thread_var: dict[str, Var] = {}  # tag -> the variable of the enclosing loop bound to it
+        self.private: dict[int, tuple[tuple[str | None, ...], tuple[int, ...]]] = {}
+        self.block_dims = _thread_extents(body, self.free)
         out = self.lines
         self.depth = 1
         for v, value in self.lets:
@@ -241,7 +250,16 @@ class _KernelEmitter:
         self.open()
         name = c_name(buf.name, self.used)
         self.bnames[id(buf)] = name
-        if ctx.threads:
+        tags = None if ctx.threads else _private_tags(buf, s.body, self.block_dims)
+        if tags is not None:  # each thread touches only its own elements: a per-thread array (registers)
+            shape = tuple(-(-int(d.value) // self.block_dims[t]) if t else int(d.value)
+                          for d, t in zip(buf.shape, tags))
+            self.private[id(buf)] = (tags, shape)
+            size = 1
+            for d in shape:
+                size *= d
+            self.line(f"{MEM_TYPES[buf.dtype]} {name}[{max(size, 1)}];  /* {buf.name}: this thread's elements */")
+        elif ctx.threads:
             self.line(f"{MEM_TYPES[buf.dtype]} {name}[{max(n, 1)}];")
         else:
             self.shared_bytes += max(n, 1) * dt.nbytes(buf.dtype)
@@ -254,8 +272,8 @@ class _KernelEmitter:
         if tag is None:
             name = self.bind_var(s.var)
             lo, ext = self.pr(s.min), self.pr(s.extent)
-            if s.kind in ("unroll", "vectorize"):
-                self.line("#pragma unroll")
+            if s.kind in ("unroll", "vectorize") or (ctx.threads and _unrolled_size(s) <= UNROLL):
+                self.line("#pragma unroll")  # register tiles: constant indices keep them in registers
             self.open(f"for (long long {name} = {lo}; {name} < {lo} + {ext}; ++{name})")
             inner = (_Ctx(ctx.threads, ctx.in_block, ctx.serial_above, s.var.name) if ctx.threads
                      else _Ctx(ctx.threads, ctx.in_block, s.var.name, None))
@@ -298,7 +316,11 @@ class _KernelEmitter:
         self.open()
         self.line(f"const long long {self.bind_var(s.var)} = (long long){tag};")
         self.open(f"if ({self.names[id(s.var)]} < {self.pr(s.extent)})")
+        saved = self.thread_var.get(tag)
+        self.thread_var[tag] = s.var
         self.stmt(s.body, _Ctx(ctx.threads | {tag}, ctx.in_block, ctx.serial_above, None))
+        if saved is not None:
+            self.thread_var[tag] = saved
         self.close()
         self.close()
         if region:
@@ -326,6 +348,141 @@ def _bound(e: Expr, free: set[int]) -> Expr | None:
             return b
         return simplify_expr(E.minimum(a, b))
     return None
+
+
+def _thread_extents(s: Stmt, free: set[int]) -> dict[str, int]:
+    """The block's size along each thread tag: the largest constant bound of the loops bound to it."""
+    out: dict[str, int] = {}
+    stack = [s]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, For):
+            if x.kind.startswith("threadIdx"):
+                b = _bound(simplify_expr(x.extent), free)
+                if isinstance(b, Const):
+                    out[x.kind] = max(out.get(x.kind, 1), int(b.value))
+            stack.append(x.body)
+        elif isinstance(x, Block):
+            stack.extend(x.stmts)
+        elif isinstance(x, (LetStmt, Allocate)):
+            stack.append(x.body)
+        elif isinstance(x, If):
+            stack.extend(b for b in (x.then_body, x.else_body) if b is not None)
+    return out
+
+
+def _split_index(e: Expr, v: Var, size: int) -> dict[tuple, tuple[Expr, int]] | None:
+    """The terms of ``e - v`` when ``e = v + (a multiple of size without v)``, else None."""
+    lin = _linear(simplify_expr(e))
+    if lin is None:
+        return None
+    terms, c = lin
+    key = ("var", id(v))
+    if key not in terms or terms[key][1] != 1 or c % size:
+        return None
+    rest = {k: t for k, t in terms.items() if k != key}
+    if any(coef % size or any(x is v for x in free_vars(t)) for t, coef in rest.values()):
+        return None
+    return rest
+
+
+def _own_index(e: Expr, v: Var, size: int) -> Expr:
+    """``(e - v) / size`` for an index ``e = v + size * (...)`` (see _private_tags)."""
+    rest = _split_index(e, v, size)
+    assert rest is not None
+    c = _linear(simplify_expr(e))[1]  # type: ignore[index]
+    out: Expr = E.const(c // size, "int64")
+    for t, coef in rest.values():
+        out = out + t * (coef // size)
+    return simplify_expr(out)
+
+
+def _private_tags(buf: Buffer, body: Stmt, dims: dict[str, int]) -> tuple[str | None, ...] | None:
+    """For a buffer allocated at block level: the thread tag that owns each of its dimensions, when every
+    access is inside a thread region at an index ``threadIdx + blockDim * (...)`` in the owned dimensions and
+    the same tags own the same dimensions everywhere; then each thread has elements of its own only, and the
+    buffer can be one small array per thread (registers).  None when that cannot be shown."""
+    found: list[tuple[str | None, ...]] = []
+    ok = True
+
+    def visit_expr(e: Expr, bound: dict[str, Var]) -> None:
+        from cuvil.ir.expr import Load
+        from cuvil.ir.functor import walk
+
+        for n in walk(e):
+            if isinstance(n, Load) and n.buffer is buf:
+                check(n.indices, bound)
+
+    def check(idx: tuple[Expr, ...], bound: dict[str, Var]) -> None:
+        nonlocal ok
+        if not bound:
+            ok = False
+            return
+        tags: list[str | None] = []
+        for i in idx:
+            users = [t for t, v in bound.items() if any(x is v for x in free_vars(i))]
+            if not users:
+                tags.append(None)
+            elif len(users) == 1 and _split_index(i, bound[users[0]], dims.get(users[0], 1)) is not None:
+                tags.append(users[0])
+            else:
+                ok = False
+                return
+        if set(t for t in tags if t) != set(bound):
+            ok = False
+            return
+        found.append(tuple(tags))
+
+    def visit(x: Stmt, bound: dict[str, Var]) -> None:
+        if not ok:
+            return
+        if isinstance(x, For):
+            visit_expr(x.extent, bound)
+            inner = {**bound, x.kind: x.var} if x.kind.startswith("threadIdx") else bound
+            visit(x.body, inner)
+        elif isinstance(x, Block):
+            for y in x.stmts:
+                visit(y, bound)
+        elif isinstance(x, LetStmt):
+            visit_expr(x.value, bound)
+            visit(x.body, bound)
+        elif isinstance(x, Allocate):
+            visit(x.body, bound)
+        elif isinstance(x, If):
+            visit_expr(x.cond, bound)
+            visit(x.then_body, bound)
+            if x.else_body is not None:
+                visit(x.else_body, bound)
+        elif isinstance(x, Store):
+            visit_expr(x.value, bound)
+            for i in x.indices:
+                visit_expr(i, bound)
+            if x.buffer is buf:
+                check(x.indices, bound)
+
+    visit(body, {})
+    if not ok or not found or any(f != found[0] for f in found):
+        return None
+    return found[0]
+
+
+def _unrolled_size(s: For) -> int:
+    """Iterations of ``s`` times those of the loops inside it (a large number for a run-time extent)."""
+    if not isinstance(s.extent, Const):
+        return 1 << 30
+    inner = 1
+    stack: list[Stmt] = [s.body]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, For):
+            inner = max(inner, _unrolled_size(x))
+        elif isinstance(x, Block):
+            stack.extend(x.stmts)
+        elif isinstance(x, (LetStmt, Allocate)):
+            stack.append(x.body)
+        elif isinstance(x, If):
+            stack.extend(b for b in (x.then_body, x.else_body) if b is not None)
+    return int(s.extent.value) * inner
 
 
 def _tags(s: Stmt, prefix: str) -> frozenset[str]:

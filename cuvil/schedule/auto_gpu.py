@@ -17,9 +17,10 @@ choice legal (``bind`` loops carry no dependence) and the trace records it:
    copied to shared memory (``cache_read(..., "shared")`` computed at that
    step) by all the threads of the block, ``threadIdx.x`` along the operand's
    contiguous dimension, then read from there ``BM``/``BN`` times.
-3. A reduction over one long axis (a row sum, a norm) is split in two
-   kernels with ``rfactor``: ``T`` threads per row each sum a strided part
-   (coalesced), then one thread per row adds the ``T`` partial sums.
+3. A reduction over one long axis that its operands store contiguously (a
+   row sum, a norm) is split in two kernels with ``rfactor``: ``T`` threads
+   per row each sum a strided part (coalesced), then one thread per row adds
+   the ``T`` partial sums.
 4. Everything else (element-wise stages, other reductions) runs one thread
    per output element: the innermost output axes (constant extents) are fused
    and split into blocks of 256 threads.
@@ -40,6 +41,7 @@ from cuvil.schedule.schedule import Schedule, Stage
 from cuvil.te.tensor import ComputeOp, ScanOp
 
 THREADS = 256  # threads per block of the one-thread-per-output strategy
+TILE = 128  # a contraction's block tile (BM = BN) on large operands: 16 x 16 threads, 8 x 8 outputs each
 
 
 def _pow2_at_most(n: int, cap: int) -> int:
@@ -73,7 +75,8 @@ class GpuScheduler:
         for st in reversed(list(s.compute_stages)):
             if st.attach != "root" or isinstance(st.op, ScanOp) or not isinstance(st.op, ComputeOp):
                 continue
-            for strategy in (self.contraction, self.long_reduction, self.one_thread_per_output):
+            for strategy in (self.contraction_in_registers, self.contraction, self.long_reduction,
+                             self.one_thread_per_output):
                 try:
                     with s.deferred_checks(self.outputs):
                         if strategy(st):
@@ -116,12 +119,9 @@ class GpuScheduler:
             return False
         k = op.reduce_axis[0]
         n = const_int(k.extent)
-        data = 1
-        for a in op.axis:
-            e = const_int(a.extent)
-            data = data * e if e is not None and data is not None else None
-        if n is None or n < 512 or (data is not None and data >= 8192):  # enough rows: one thread per row
-            return False
+        reads = [r for r in walk(op.body.source) if isinstance(r, TensorRead) and any(_uses(x, k) for x in r.indices)]
+        if n is None or n < 512 or not reads or not all(_uses(r.indices[-1], k) for r in reads):
+            return False  # short, or along a strided axis: one thread per output reads coalesced already
         t = 128
         ko, ki = st.split(k, factor=t)
         rf = self.s.rfactor(op.output(0), ki)
@@ -168,6 +168,85 @@ class GpuScheduler:
                 return x, y
         return None
 
+    def _tiles(self, st: Stage) -> tuple[int, int, int, int, int]:
+        """``BM, TY, BN, TX, BK`` for a contraction stage."""
+        *_, i, j = st.op.axis
+        (k,) = st.op.reduce_axis
+        sizes = []
+        for a in (i, j):
+            e = const_int(a.extent)
+            b = TILE if e is None or e >= 2 * TILE else 64 if e >= 64 else _pow2_at_most(max(e, 1), 64)
+            sizes.append((b, min(16, b)))
+        ek = const_int(k.extent)
+        (bm, ty), (bn, tx) = sizes
+        return bm, ty, bn, tx, 16 if ek is None or ek >= 16 else max(1, ek)
+
+    def _stage_in_shared(self, cache: Any, at: Stage, loop: IterVar, ty: int, tx: int) -> None:
+        """Compute an operand's shared tile at ``loop``, copied by all the threads (x along its last axis)."""
+        cs = self.s[cache]
+        if len(cs.op.axis) < 2:
+            raise ScheduleError("an operand of fewer than two dimensions")
+        cs.compute_at(at, loop)
+        *outer, a0, a1 = cs.op.axis
+        o0, i0 = cs.split(a0, factor=ty)
+        o1, i1 = cs.split(a1, factor=tx)
+        cs.reorder(*outer, o0, o1, i0, i1)
+        cs.bind(i0, "threadIdx.y")
+        cs.bind(i1, "threadIdx.x")
+
+    def contraction_in_registers(self, st: Stage) -> bool:
+        """Tiles as in :meth:`contraction`, each thread accumulating its outputs in registers: the sum is
+        computed in a ``cache_write`` stage at the block's loop (the CUDA code generator keeps a buffer
+        whose elements each belong to one thread in that thread's registers), then copied out."""
+        ops = self._operands(st)
+        if ops is None or len(st.op.reduce_axis) != 1 or len(st.op.axis) != 2:
+            # batched: a shared tile computed at the loop of a stage computed at another loop is indexed
+            # without its batch offset (astgen's local storage; see docs/cuda.md), so batches take the
+            # plain contraction strategy
+            return False
+        x, y = ops
+        bm, ty, bn, tx, bk = self._tiles(st)
+        s = self.s
+        cl = s.cache_write(st.op.output(0), "local")
+        xs = s.cache_read(x.tensor, "shared", [cl])
+        ys = s.cache_read(y.tensor, "shared", [cl])
+        *batch, i, j = st.op.axis
+        bi, ii = st.split(i, factor=bm)
+        ri, ti = st.split(ii, factor=ty)
+        bj, jj = st.split(j, factor=bn)
+        rj, tj = st.split(jj, factor=tx)
+        order = [bi, bj, ti, tj, ri, rj]
+        bz = self._batch(st, batch, order)
+        st.reorder(*order)
+        if bz is not None:
+            st.bind(bz, "blockIdx.z")
+        st.bind(bi, "blockIdx.y")
+        st.bind(bj, "blockIdx.x")
+        st.bind(ti, "threadIdx.y")
+        st.bind(tj, "threadIdx.x")
+        cs = s[cl]
+        cs.compute_at(st, bj)
+        *cbatch, ci, cj = cs.op.axis
+        (ck,) = cs.op.reduce_axis
+        cri, cti = cs.split(ci, factor=ty)
+        crj, ctj = cs.split(cj, factor=tx)
+        ko, ki = cs.split(ck, factor=bk)
+        cs.reorder(*cbatch, ko, cti, ctj, ki, cri, crj)
+        cs.bind(cti, "threadIdx.y")
+        cs.bind(ctj, "threadIdx.x")
+        for cache in (xs, ys):
+            self._stage_in_shared(cache, cs, ko, ty, tx)
+        return True
+
+    def _batch(self, st: Stage, batch: list[IterVar], order: list[IterVar]) -> IterVar | None:
+        if not batch:
+            return None
+        bz = batch[0]
+        for a in batch[1:]:
+            bz = st.fuse(bz, a)
+        order.insert(0, bz)
+        return bz
+
     def contraction(self, st: Stage) -> bool:
         ops = self._operands(st)
         if ops is None or len(st.op.reduce_axis) != 1:
@@ -178,7 +257,7 @@ class GpuScheduler:
         sizes = []
         for a in (i, j):
             e = const_int(a.extent)
-            b = 64 if e is None or e >= 64 else _pow2_at_most(max(e, 1), 64)
+            b = TILE if e is None or e >= 2 * TILE else 64 if e >= 64 else _pow2_at_most(max(e, 1), 64)
             t = min(16, b)
             sizes.append((b, t))
         (bm, ty), (bn, tx) = sizes
