@@ -41,8 +41,8 @@ class CpuInfo:
 _K, _M = 1 << 10, 1 << 20
 # typical boards/instances: L1 data per core; L2 per core (per cluster for the A53/A72); L3 or system cache
 ARM_CPUS: dict[str, CpuInfo] = {
-    "cortex-a53": CpuInfo(4, "+neon", 32 * _K, 512 * _K, 0),  # Raspberry Pi 3
-    "cortex-a72": CpuInfo(4, "+neon,+crc", 32 * _K, 1 * _M, 0),  # Raspberry Pi 4 (shared 1 MiB L2)
+    "cortex-a53": CpuInfo(4, "+neon", 32 * _K, 512 * _K, 512 * _K),  # Raspberry Pi 3 (no L3: l3 = L2)
+    "cortex-a72": CpuInfo(4, "+neon,+crc", 32 * _K, 1 * _M, 1 * _M),  # Raspberry Pi 4 (shared 1 MiB L2, no L3)
     "cortex-a76": CpuInfo(4, "+neon,+crc,+dotprod,+fullfp16", 64 * _K, 512 * _K, 2 * _M),  # Raspberry Pi 5
     "neoverse-n1": CpuInfo(64, "+neon,+crc,+dotprod,+fullfp16", 64 * _K, 1 * _M, 32 * _M),  # AWS Graviton2
     "neoverse-v1": CpuInfo(64, "+neon,+crc,+dotprod,+fullfp16,+sve,+bf16", 64 * _K, 1 * _M, 32 * _M,

@@ -454,7 +454,7 @@ def test_host_target_and_asm():
 
 def test_cross_target_codegen():
     t = Target("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76 -mattr=+neon")
-    assert not t.is_host and t.vector_bits == 128 and t.canonical.endswith("-mattr=+neon")
+    assert not t.is_host and t.vector_bits == 128 and "+neon" in t.canonical.split("-mattr=")[1].split(",")
     m = Module(elementwise(lambda x, y: [x + y], ["float32", "float32"]), t)
     assert "fadd" in m.get_source("asm") or "add" in m.get_source("asm")
     with pytest.raises(TargetError, match="not this machine"):

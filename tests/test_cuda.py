@@ -181,3 +181,15 @@ def test_without_gpu_a_call_says_why():
         m(np.ones(4, np.float32), np.zeros(4, np.float32))
     with pytest.raises(cuvil.errors.ShapeError):  # arguments are checked before the GPU is looked for
         m(np.ones(5, np.float32), np.zeros(4, np.float32))
+
+
+def test_gpu_check_script_says_why_without_gpu(tmp_path):
+    from cuvil.runtime.cuda_driver import gpu_available
+
+    if gpu_available()[0]:
+        pytest.skip("this machine has a GPU: run benchmarks/gpu_check.py itself")
+    script = __file__.replace("tests/test_cuda.py", "benchmarks/gpu_check.py")
+    proc = subprocess.run([sys.executable, script, "--out", str(tmp_path / "g.json")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "no GPU here" in proc.stdout
+    assert '"gpu": false' in (tmp_path / "g.json").read_text()
