@@ -35,6 +35,7 @@ _LAZY = {
     "runtime": ("cuvil.runtime", None),
     "set_num_threads": ("cuvil.runtime.threads", "set_num_threads"),
     "get_num_threads": ("cuvil.runtime.threads", "get_num_threads"),
+    "autotune": ("cuvil.autotune", None),
 }
 
 
@@ -54,6 +55,6 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ArgumentError", "CuvilError", "DTypeError", "ScheduleError", "ShapeError", "TargetError",
-    "UnsupportedOpError", "Target", "__version__", "auto_schedule", "build", "compile", "get_num_threads",
-    "lower", "runtime", "set_num_threads", "te",
+    "UnsupportedOpError", "Target", "__version__", "auto_schedule", "autotune", "build", "compile",
+    "get_num_threads", "lower", "runtime", "set_num_threads", "te",
 ]

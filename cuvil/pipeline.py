@@ -135,10 +135,10 @@ def build(s: Schedule, args: Sequence[Any], target: Any = "llvm", name: str = "m
     from cuvil.runtime.module import Module
     from cuvil.target import Target
 
-    if tuning_db is not None:
-        from cuvil.errors import UnsupportedOpError
+    if tuning_db is not None:  # the best tuned schedule of this program replaces s, if there is one
+        from cuvil.autotune.replay import apply_best
 
-        raise UnsupportedOpError("tuning_db: the autotuner and its database are not part of cuvil yet")
+        s = apply_best(s, args, target, tuning_db)
     func = lower(s, args, name=name)
     tgt = target if isinstance(target, Target) else Target(target)
     if tgt.kind == "cuda":  # CUDA C -> NVRTC -> PTX (cuvil.codegen.cuda)

@@ -1,0 +1,45 @@
+"""The autotuner: search the auto-scheduler's knobs, measure candidates in isolated processes,
+keep every result in a database that ``cuvil.build(..., tuning_db=...)`` reads.
+
+    res = cuvil.autotune.tune([A, B, C], trials=64, db="cuvil-tuning.db")
+    f = cuvil.build(s, [A, B, C], tuning_db="cuvil-tuning.db")
+
+Modules: ``api`` (tune, TuneResult), ``workload`` (the structural key), ``space`` (knobs,
+features), ``model`` (boosted trees), ``search`` (evolutionary, random), ``measure``
+(builders and runners), ``database`` (SQLite, JSON lines), ``replay`` (what build does
+with a record).  See docs/autotune.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "tune": ("cuvil.autotune.api", "tune"),
+    "TuneResult": ("cuvil.autotune.api", "TuneResult"),
+    "random_inputs": ("cuvil.autotune.api", "random_inputs"),
+    "tune_model": ("cuvil.autotune.models", "tune_model"),
+    "Database": ("cuvil.autotune.database", "Database"),
+    "Record": ("cuvil.autotune.database", "Record"),
+    "workload_key": ("cuvil.autotune.workload", "workload_key"),
+    "workload_of": ("cuvil.autotune.workload", "workload_of"),
+    "apply_best": ("cuvil.autotune.replay", "apply_best"),
+    "LocalBuilder": ("cuvil.autotune.measure", "LocalBuilder"),
+    "LocalRunner": ("cuvil.autotune.measure", "LocalRunner"),
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        mod, attr = _LAZY[name]
+        value = getattr(importlib.import_module(mod), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'cuvil.autotune' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))

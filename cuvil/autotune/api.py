@@ -1,0 +1,234 @@
+"""``cuvil.autotune.tune``: search a program's schedule knobs, measure safely, remember everything.
+
+    res = cuvil.autotune.tune([A, B, C], target="llvm", trials=64, db="cuvil-tuning.db")
+    print(res)                                   # best time, GFLOP/s, how many were measured now
+    f = cuvil.build(s, [A, B, C], tuning_db="cuvil-tuning.db")   # replays the best record's trace
+
+The loop: the untuned auto-schedule is built first and run once; its outputs are the
+reference.  Then, until the workload has ``trials`` records (earlier runs count), the
+search proposes a batch, the builder compiles it (all cores), the runner measures it
+(alone), and each result is committed to the database as it arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cuvil.autotune.database import Database, Record
+from cuvil.autotune.measure import Builder, BuildJob, LocalBuilder, LocalRunner, Runner
+from cuvil.autotune.search import STRATEGIES, Search
+from cuvil.autotune.space import Space, config_hash
+from cuvil.autotune.workload import Workload, workload_of
+from cuvil.errors import ArgumentError, CuvilError
+
+log = logging.getLogger("cuvil.autotune")
+
+
+@dataclass
+class TuneResult:
+    """What a tuning run found (the best record of the workload, this run's or an earlier one's)."""
+
+    best_time_s: float | None
+    gflops: float | None
+    trace: str  # JSON steps (cuvil.schedule.trace.trace_from_json reads them)
+    config: dict[str, Any]
+    workload_key: str
+    target: str
+    threads: int
+    measured: int  # candidates measured by this call (0: the database already had ``trials``)
+    trials: int  # records of this workload in the database now
+    failed: int = 0  # this call's candidates that failed (build, crash, timeout, wrong output)
+    untuned_time_s: float | None = None
+    curve: list[float] = field(default_factory=list)  # best seconds so far after each of this call's trials
+
+    def __str__(self) -> str:
+        if self.best_time_s is None:
+            return f"workload {self.workload_key}: no correct candidate in {self.trials} trials"
+        rate = f", {self.gflops:.1f} GFLOP/s" if self.gflops else ""
+        base = f", untuned {self.untuned_time_s * 1e3:.3f} ms" if self.untuned_time_s else ""
+        return (f"workload {self.workload_key}: best {self.best_time_s * 1e3:.3f} ms{rate}{base} "
+                f"({self.measured} measured now, {self.failed} failed, {self.trials} in the database)")
+
+
+def _open_db(db: Any) -> tuple[Database, bool]:
+    if isinstance(db, Database):
+        return db, False
+    return Database(db), True
+
+
+def _shapes(args: Sequence[Any]) -> list[tuple[Any, tuple[int, ...], str, bool]]:
+    from cuvil.schedule.axes import const_int
+    from cuvil.te.tensor import PlaceholderOp, Tensor
+
+    out = []
+    for a in args:
+        if not isinstance(a, Tensor):
+            raise ArgumentError(f"tune: size variable {a.name} in the arguments; the tuner needs constant shapes "
+                                "(build the program with the sizes you want to tune for)")
+        dims = [const_int(d) for d in a.shape]
+        if any(d is None for d in dims):
+            raise ArgumentError(f"tune: tensor {a.name} has the symbolic shape {tuple(map(str, a.shape))}; "
+                                "the tuner needs constant shapes")
+        out.append((a, tuple(dims), a.dtype, isinstance(a.op, PlaceholderOp)))  # type: ignore[arg-type]
+    return out
+
+
+def random_inputs(args: Sequence[Any], seed: int = 0) -> list[np.ndarray]:
+    """Inputs the tuner runs candidates on: floats ~ N(0, 1), integers in [0, 4), random bools."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _, shape, dtype, is_input in _shapes(args):
+        if not is_input:
+            continue
+        dt = np.dtype(dtype)
+        if dt.kind == "f":
+            out.append(rng.standard_normal(shape).astype(dt))
+        elif dt.kind == "b":
+            out.append(rng.random(shape) < 0.5)
+        else:
+            out.append(rng.integers(0, 4, size=shape).astype(dt))
+    return out
+
+
+def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = "cuvil-tuning.db",
+         timeout_s: float = 10.0, num_threads: int | None = None, *, search: str = "evolutionary",
+         seed: int = 0, batch_size: int | None = None, inputs: Sequence[np.ndarray] | None = None,
+         builder: Builder | None = None, runner: Runner | None = None, progress: bool | None = None,
+         repeat: int = 5) -> TuneResult:
+    """Tune the schedule of the program with arguments ``args`` until the database holds ``trials`` records.
+
+    ``timeout_s`` bounds one candidate's build and, separately, its run; a candidate that fails
+    (refused, crashed, hung, wrong output) counts as a trial.  ``num_threads`` (default: cuvil's
+    thread count) is the thread count candidates run with; records are kept per thread count.
+    ``search`` is "evolutionary" (model-guided) or "random"; ``inputs`` replaces the random inputs
+    (one array per input tensor); ``builder`` / ``runner`` replace the local process-based ones.
+    """
+    from cuvil.runtime.threads import get_num_threads
+    from cuvil.target import Target
+
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise ArgumentError(f"tune: trials must be a positive int, got {trials!r}")
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ArgumentError(f"tune: timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    if search not in STRATEGIES:
+        raise ArgumentError(f"tune: unknown search {search!r}; use one of {', '.join(STRATEGIES)}")
+    if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
+                                    or num_threads < 1):
+        raise ArgumentError(f"tune: num_threads must be a positive int or None, got {num_threads!r}")
+    tgt = target if isinstance(target, Target) else Target(target)
+    if tgt.kind != "llvm" or not tgt.is_host:
+        raise ArgumentError(f"tune: measuring needs this machine's CPU ('llvm'); {tgt.canonical!r} would need a "
+                            "remote runner (not there yet)")
+    wl = workload_of(args, tgt)
+    shapes = _shapes(args)
+    threads = num_threads or get_num_threads()
+    database, owned = _open_db(db)
+    try:
+        done = database.count(wl.key, wl.target, threads)
+        if done >= trials:
+            return _result(database, wl, threads, 0, 0, [], None)
+        if inputs is None:
+            inputs = random_inputs(args, seed)
+        n_in = sum(1 for s in shapes if s[3])
+        if len(inputs) != n_in:
+            raise ArgumentError(f"tune: {len(inputs)} input arrays for {n_in} input tensors")
+        space = Space(args, tgt, threads)
+        strategy: Search = STRATEGIES[search](space, seed=seed)
+        for r in database.records(wl.key, wl.target, threads):
+            strategy.observe(r.config, r.time_s if r.ok else None)
+        with tempfile.TemporaryDirectory(prefix="cuvil-tune-") as tmp:
+            own_builder, own_runner = builder is None, runner is None
+            builder = builder or LocalBuilder(args, tgt.canonical, timeout_s=timeout_s)
+            runner = runner or LocalRunner(threads, timeout_s=timeout_s, repeat=repeat)
+            try:
+                return _loop(args, wl, threads, trials, done, database, space, strategy, builder, runner,
+                             list(inputs), shapes, tmp, batch_size or 8, _progress(progress))
+            finally:
+                if own_builder:
+                    builder.close()
+                if own_runner:
+                    runner.close()
+    finally:
+        if owned:
+            database.close()
+
+
+def _progress(flag: bool | None) -> bool:
+    return sys.stderr.isatty() if flag is None else flag
+
+
+def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: int, db: Database, space: Space,
+          strategy: Search, builder: Builder, runner: Runner, inputs: list[np.ndarray], shapes: list[Any],
+          tmp: str, batch: int, show: bool) -> TuneResult:
+    runner.set_inputs(inputs, [(shape, dtype) for _, shape, dtype, is_in in shapes if not is_in])
+    default = space.default()
+    # the untuned schedule: the reference every candidate's output must match (and trial 0 of a fresh run)
+    (ref_build,) = builder.build([BuildJob(done, default, os.path.join(tmp, "reference.so"))])
+    if ref_build.status != "ok":
+        raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not build: {ref_build.error}")
+    ref = runner.reference(ref_build)
+    if ref.status != "ok":
+        raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not run: {ref.error}")
+    best = db.best(wl.key, wl.target, threads)
+    best_s = best.time_s if best else None
+    measured = failed = 0
+    curve: list[float] = []
+    untuned: float | None = None
+    first = config_hash(default) not in strategy.seen
+    start = time.monotonic()
+    while done < trials:
+        n = min(batch, trials - done)
+        cfgs = ([default] if first else []) + strategy.propose(n - first)
+        if not cfgs:
+            log.info("tune: the search space of %s is exhausted after %d trials", wl.describe(), done)
+            break
+        jobs = [BuildJob(done + k, c, os.path.join(tmp, f"cand{done + k}.so")) for k, c in enumerate(cfgs)]
+        builds = builder.build(jobs)
+        results = runner.run(builds, best_s)
+        for b, r in zip(builds, results):
+            rec = Record(wl.key, wl.target, threads, config_hash(b.config), b.config, r.status, r.time_s, b.trace,
+                         wl.names, {"loops": b.loop_features, "build_s": round(b.seconds, 3)}, r.error, wl.flops)
+            db.add(rec)
+            strategy.observe(b.config, r.time_s if r.status == "ok" else None)
+            measured += 1
+            failed += r.status != "ok"
+            if r.status == "ok" and r.time_s is not None:
+                if first and b.trial == jobs[0].trial:
+                    untuned = r.time_s
+                best_s = r.time_s if best_s is None else min(best_s, r.time_s)
+            else:
+                log.info("tune: trial %d failed (%s): %s", b.trial, r.status, r.error.splitlines()[0] if r.error
+                         else "")
+            curve.append(best_s if best_s is not None else math.inf)
+            if b.path and os.path.exists(b.path):
+                os.unlink(b.path)
+        done += len(cfgs)
+        first = False
+        if show:
+            eta = (time.monotonic() - start) / measured * (trials - done)
+            rate = f" ({wl.flops / best_s / 1e9:.1f} GFLOP/s)" if best_s and wl.flops else ""
+            best_txt = f"{best_s * 1e3:.3f} ms{rate}" if best_s else "none yet"
+            print(f"\r[cuvil tune {wl.key}] {done}/{trials} trials, best {best_txt}, {failed} failed, "
+                  f"eta {eta:.0f} s   ", end="" if done < trials else "\n", file=sys.stderr, flush=True)
+    return _result(db, wl, threads, measured, failed, curve, untuned)
+
+
+def _result(db: Database, wl: Workload, threads: int, measured: int, failed: int, curve: list[float],
+            untuned: float | None) -> TuneResult:
+    best = db.best(wl.key, wl.target, threads)
+    total = db.count(wl.key, wl.target, threads)
+    if best is None:
+        return TuneResult(None, None, "[]", {}, wl.key, wl.target, threads, measured, total, failed, untuned, curve)
+    gf = wl.flops / best.time_s / 1e9 if wl.flops and best.time_s else None
+    return TuneResult(best.time_s, gf, best.trace, best.config, wl.key, wl.target, threads, measured, total,
+                      failed, untuned, curve)

@@ -1,0 +1,222 @@
+"""The tuning database: every measured candidate, in SQLite (one file, stdlib ``sqlite3``).
+
+One row per candidate, committed in its own transaction as soon as it is measured,
+so a run killed with ``kill -9`` loses only the candidates in flight, and a rerun
+counts what is there and goes on.  Rows are filed under the workload key
+(:mod:`cuvil.autotune.workload`), the canonical target and the thread count::
+
+    db = Database("cuvil-tuning.db")
+    db.best(key, target, threads)           # the fastest correct record, or None
+    db.count(key, target, threads)          # trials spent so far (failures count)
+    db.export_jsonl("log.jsonl"); db.import_jsonl("log.jsonl")   # share logs between machines
+
+A record's ``config`` is the knob setting (JSON), ``trace`` the schedule's steps
+(:func:`cuvil.schedule.trace.trace_to_json`) and ``names`` the canonical -> actual
+names of the program that was tuned (to replay the trace on a renamed copy).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from cuvil.autotune.workload import SCHEMA_VERSION
+from cuvil.errors import ArgumentError, CuvilError
+
+STATUSES = ("ok", "build_error", "build_timeout", "build_crash", "run_error", "run_timeout", "run_crash", "wrong")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS records (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    workload TEXT NOT NULL,
+    target TEXT NOT NULL,
+    threads INTEGER NOT NULL,
+    config_hash TEXT NOT NULL,
+    config TEXT NOT NULL,
+    status TEXT NOT NULL,
+    time_s REAL,
+    trace TEXT NOT NULL DEFAULT '[]',
+    names TEXT NOT NULL DEFAULT '{}',
+    features TEXT NOT NULL DEFAULT '{}',
+    error TEXT NOT NULL DEFAULT '',
+    flops REAL NOT NULL DEFAULT 0,
+    created REAL NOT NULL,
+    UNIQUE (workload, target, threads, config_hash)
+);
+CREATE INDEX IF NOT EXISTS records_by_key ON records (workload, target, threads, status, time_s);
+"""
+
+
+@dataclass
+class Record:
+    """One measured candidate."""
+
+    workload: str
+    target: str
+    threads: int
+    config_hash: str
+    config: dict[str, Any]
+    status: str
+    time_s: float | None = None
+    trace: str = "[]"
+    names: dict[str, str] = field(default_factory=dict)
+    features: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    flops: float = 0.0
+    created: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.time_s is not None
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["schema"] = SCHEMA_VERSION
+        return d
+
+
+class DatabaseError(CuvilError):
+    """The tuning database cannot be opened, read or written."""
+
+
+class Database:
+    """Tuning records in an SQLite file (``":memory:"`` for a throw-away one)."""
+
+    def __init__(self, path: str | os.PathLike[str] = "cuvil-tuning.db"):
+        if not isinstance(path, (str, os.PathLike)):
+            raise ArgumentError(f"the tuning database is a file path, got {type(path).__name__}")
+        self.path = os.fspath(path)
+        try:
+            self.conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            if self.path != ":memory:":
+                self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.executescript(_SCHEMA)
+            row = self.conn.execute("SELECT value FROM meta WHERE name='schema'").fetchone()
+            if row is None:
+                self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) != SCHEMA_VERSION:
+                raise DatabaseError(f"{self.path} holds tuning records of schema {row[0]}, this cuvil writes "
+                                    f"schema {SCHEMA_VERSION}: use another file (or export and re-tune)")
+        except sqlite3.DatabaseError as exc:
+            raise DatabaseError(f"cannot open the tuning database {self.path!r}: {exc}") from None
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- writing --------------------------------------------------------------------------
+    def add(self, r: Record) -> bool:
+        """Store ``r`` (one transaction); False if that configuration was already there."""
+        if r.status not in STATUSES:
+            raise ArgumentError(f"unknown record status {r.status!r}; one of {', '.join(STATUSES)}")
+        try:
+            with self._transaction():
+                cur = self.conn.execute(
+                    "INSERT OR IGNORE INTO records (workload, target, threads, config_hash, config, status, time_s,"
+                    " trace, names, features, error, flops, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (r.workload, r.target, int(r.threads), r.config_hash, json.dumps(r.config, sort_keys=True),
+                     r.status, r.time_s, r.trace, json.dumps(r.names, sort_keys=True),
+                     json.dumps(r.features, sort_keys=True), r.error[:4000], float(r.flops),
+                     r.created or time.time()))
+            return cur.rowcount == 1
+        except sqlite3.DatabaseError as exc:
+            raise DatabaseError(f"cannot write to the tuning database {self.path!r}: {exc}") from None
+
+    class _Tx:
+        def __init__(self, conn: sqlite3.Connection):
+            self.conn = conn
+
+        def __enter__(self) -> None:
+            self.conn.execute("BEGIN IMMEDIATE")
+
+        def __exit__(self, et: Any, *rest: Any) -> None:
+            self.conn.execute("COMMIT" if et is None else "ROLLBACK")
+
+    def _transaction(self) -> Database._Tx:
+        return Database._Tx(self.conn)
+
+    # -- reading --------------------------------------------------------------------------
+    _COLS = "workload, target, threads, config_hash, config, status, time_s, trace, names, features, error, " \
+            "flops, created"
+
+    def _record(self, row: tuple[Any, ...]) -> Record:
+        w, t, th, h, cfg, st, ts, tr, nm, ft, err, fl, cr = row
+        return Record(w, t, th, h, json.loads(cfg), st, ts, tr, json.loads(nm), json.loads(ft), err, fl, cr)
+
+    def records(self, workload: str | None = None, target: str | None = None,
+                threads: int | None = None) -> list[Record]:
+        """Records in the order they were measured, filtered by key, target and thread count."""
+        where, params = self._where(workload, target, threads)
+        rows = self.conn.execute(f"SELECT {self._COLS} FROM records{where} ORDER BY id", params).fetchall()
+        return [self._record(r) for r in rows]
+
+    def count(self, workload: str, target: str, threads: int) -> int:
+        where, params = self._where(workload, target, threads)
+        return int(self.conn.execute(f"SELECT COUNT(*) FROM records{where}", params).fetchone()[0])
+
+    def best(self, workload: str, target: str, threads: int | None = None) -> Record | None:
+        """The fastest correct record (any thread count when ``threads`` is None)."""
+        where, params = self._where(workload, target, threads)
+        row = self.conn.execute(
+            f"SELECT {self._COLS} FROM records{where} AND status='ok' AND time_s IS NOT NULL "
+            "ORDER BY time_s LIMIT 1", params).fetchone()
+        return self._record(row) if row else None
+
+    def thread_counts(self, workload: str, target: str) -> list[int]:
+        rows = self.conn.execute("SELECT DISTINCT threads FROM records WHERE workload=? AND target=? "
+                                 "AND status='ok'", (workload, target)).fetchall()
+        return sorted(int(r[0]) for r in rows)
+
+    @staticmethod
+    def _where(workload: str | None, target: str | None, threads: int | None) -> tuple[str, list[Any]]:
+        conds, params = ["1=1"], []
+        for col, val in (("workload", workload), ("target", target), ("threads", threads)):
+            if val is not None:
+                conds.append(f"{col}=?")
+                params.append(val)
+        return " WHERE " + " AND ".join(conds), params
+
+    # -- sharing ----------------------------------------------------------------------------
+    def export_jsonl(self, path: str | os.PathLike[str], workload: str | None = None) -> int:
+        """Write the records (of one workload, or all) as JSON lines; returns how many."""
+        rs = self.records(workload)
+        with open(path, "w") as f:
+            for r in rs:
+                f.write(json.dumps(r.to_json(), sort_keys=True) + "\n")
+        return len(rs)
+
+    def import_jsonl(self, path: str | os.PathLike[str]) -> int:
+        """Add the records of a JSON-lines log (those already here are skipped); returns how many were new."""
+        new = 0
+        for r in read_jsonl(path):
+            new += self.add(r)
+        return new
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> Iterator[Record]:
+    """The records of a JSON-lines tuning log; a malformed line is a :class:`DatabaseError` naming it."""
+    names = {f for f in Record.__dataclass_fields__}
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                if d.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
+                    raise DatabaseError(f"{path}:{n}: a record of schema {d.get('schema')}, this cuvil reads "
+                                        f"{SCHEMA_VERSION}")
+                yield Record(**{k: v for k, v in d.items() if k in names})
+            except (ValueError, TypeError) as exc:
+                raise DatabaseError(f"{path}:{n}: not a cuvil tuning record: {exc}") from None

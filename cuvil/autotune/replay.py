@@ -1,0 +1,116 @@
+"""What ``cuvil.build(s, args, target, tuning_db=db)`` does with the database.
+
+:func:`apply_best` looks the program up by its workload key (name-independent), takes the
+fastest correct record for the canonical target (the current thread count's when there is
+one), and replays that record's trace on a fresh schedule of the computation: ``s``'s own
+steps are replaced, and the log says so (logger ``cuvil.autotune``).  Names in the trace are
+translated when this program spells its tensors or axes differently from the tuned one.
+With no record, ``s`` is returned unchanged and the build is what it would have been.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from cuvil.errors import ArgumentError, ScheduleError
+
+log = logging.getLogger("cuvil.autotune")
+
+
+def _rename(name: str, mapping: dict[str, str]) -> str:
+    if not mapping:
+        return name
+    if name in mapping:
+        return mapping[name]
+    return ".".join(mapping.get(tok, tok) for tok in name.split("."))
+
+
+def _rename_arg(a: Any, mapping: dict[str, str]) -> Any:
+    if isinstance(a, str):
+        return _rename(a, mapping)
+    if isinstance(a, tuple):
+        return tuple(_rename_arg(x, mapping) for x in a)
+    return a
+
+
+def translate(steps: Sequence[Any], recorded: dict[str, str], here: dict[str, str]) -> tuple[Any, ...]:
+    """``steps`` recorded on a program with canonical names ``recorded`` (canonical -> name), renamed for a
+    program with names ``here``.  Axis names are translated per stage (two stages may both have an ``i``)."""
+    from cuvil.schedule.trace import Step
+
+    tensors = {old: here[c] for c, old in recorded.items() if "." not in c and c in here}
+    axes: dict[str, dict[str, str]] = {}
+    for c, old in recorded.items():
+        if "." in c and c in here:
+            axes.setdefault(recorded.get(c.split(".")[0], ""), {})[old] = here[c]
+    if all(k == v for k, v in tensors.items()) and all(k == v for m in axes.values() for k, v in m.items()):
+        return tuple(steps)
+    out = []
+    for st in steps:
+        base = st.stage.split(".")[0]
+        stage_axes = axes.get(base, {})
+        args: Any = st.args
+        if st.op == "compute_at":
+            parent_axes = axes.get(str(args[0]).split(".")[0], {})
+            args = (_rename(args[0], tensors), _rename(args[1], parent_axes))
+        elif st.op == "cache_read":
+            args = (args[0], tuple(_rename(r, tensors) for r in args[1]), *args[2:])
+        elif st.op == "bind":
+            args = (_rename(args[0], stage_axes), *args[1:])
+        elif st.op == "cache_write":
+            pass  # (scope,)
+        else:
+            args = _rename_arg(args, stage_axes)
+        out.append(Step(st.op, _rename(st.stage, tensors), args))
+    return tuple(out)
+
+
+def apply_best(s: Any, args: Sequence[Any], target: Any, tuning_db: Any) -> Any:
+    """The schedule ``build`` should compile: the best record's trace replayed on a fresh schedule, or ``s``."""
+    from cuvil.autotune.database import Database
+    from cuvil.autotune.workload import workload_of
+    from cuvil.runtime.threads import get_num_threads
+    from cuvil.schedule.schedule import Schedule
+    from cuvil.schedule.trace import replay, trace_from_json
+    from cuvil.te.tensor import PlaceholderOp, Tensor
+
+    if isinstance(tuning_db, Database):
+        db, owned = tuning_db, False
+    elif isinstance(tuning_db, (str, os.PathLike)):
+        if not os.path.exists(tuning_db):
+            log.info("tuning_db %s does not exist: building the given schedule", os.fspath(tuning_db))
+            return s
+        db, owned = Database(tuning_db), True
+    else:
+        raise ArgumentError(f"tuning_db must be a path or a cuvil.autotune.Database, got {type(tuning_db).__name__}")
+    try:
+        wl = workload_of(args, target)
+        threads = get_num_threads()
+        rec = db.best(wl.key, wl.target, threads)
+        if rec is None:
+            rec = db.best(wl.key, wl.target)
+            if rec is not None:
+                log.info("tuning_db: no record of %s at %d threads; using the best at %d threads",
+                         wl.describe(), threads, rec.threads)
+        if rec is None:
+            log.info("tuning_db: no record of %s: building the given schedule", wl.describe())
+            return s
+        steps = translate(trace_from_json(rec.trace), rec.names, wl.names)
+        outs = [a for a in args if isinstance(a, Tensor) and not isinstance(a.op, PlaceholderOp)]
+        fresh = Schedule(outs)
+        try:
+            replay(fresh, steps)
+        except ScheduleError as exc:
+            log.warning("tuning_db: the best record of %s does not replay (%s); building the given schedule",
+                        wl.describe(), exc)
+            return s
+        log.info("tuning_db: replaced the %d steps of the given schedule with the %d steps of the best record "
+                 "of %s (%.3f ms at %d threads)", len(getattr(s, "trace", [])), len(steps), wl.describe(),
+                 (rec.time_s or 0) * 1e3, rec.threads)
+        return fresh
+    finally:
+        if owned:
+            db.close()

@@ -1,0 +1,145 @@
+"""Search strategies: which configurations to measure next.
+
+- :class:`RandomSearch`: uniform samples never measured before (the baseline).
+- :class:`EvolutionarySearch`: a population bred from the fastest measured configurations
+  (mutations of one or two knobs, crossovers) and fresh random ones, ranked by the cost
+  model (:class:`cuvil.autotune.model.BoostedTrees` on :meth:`Space.features`), which is
+  refitted on every measurement after each batch; a quarter of each batch (at least one)
+  is random, so the model also learns where it is wrong.  Before the model has data it
+  explores around the untuned configuration (the first trial).
+
+Both see every earlier record of the workload (:meth:`Search.observe`), so a resumed
+run neither repeats a configuration nor forgets what it learnt.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+
+from cuvil.autotune.model import BoostedTrees
+from cuvil.autotune.space import Config, Space, config_hash
+
+
+class Search:
+    """Base class: remembers what was measured (score = -log seconds; None = failed)."""
+
+    def __init__(self, space: Space, seed: int = 0):
+        self.space = space
+        self.rng = random.Random(seed)
+        self.seen: set[str] = set()
+        self.history: list[tuple[Config, float | None]] = []
+
+    def observe(self, cfg: Config, time_s: float | None) -> None:
+        self.seen.add(config_hash(cfg))
+        self.history.append((cfg, -math.log(time_s) if time_s else None))
+
+    def propose(self, n: int) -> list[Config]:
+        raise NotImplementedError
+
+    def _fresh(self, cfg: Config, taken: set[str]) -> bool:
+        h = config_hash(cfg)
+        if h in self.seen or h in taken:
+            return False
+        taken.add(h)
+        return True
+
+    def _random(self, n: int, taken: set[str]) -> list[Config]:
+        out: list[Config] = []
+        for _ in range(50 * n + 50):
+            if len(out) == n:
+                break
+            c = self.space.sample(self.rng)
+            if self._fresh(c, taken):
+                out.append(c)
+        return out
+
+
+class RandomSearch(Search):
+    """Uniform random configurations, each measured once."""
+
+    def propose(self, n: int) -> list[Config]:
+        return self._random(n, set())
+
+
+class EvolutionarySearch(Search):
+    """Model-guided evolution (see the module docstring)."""
+
+    def __init__(self, space: Space, seed: int = 0, population: int = 96, generations: int = 4,
+                 explore: float = 0.25):
+        super().__init__(space, seed)
+        self.population, self.generations, self.explore = population, generations, explore
+        self.model = BoostedTrees()
+        self._cache: dict[str, np.ndarray] = {}
+
+    def _feat(self, cfg: Config) -> np.ndarray:
+        h = config_hash(cfg)
+        if h not in self._cache:
+            self._cache[h] = self.space.features(cfg)
+        return self._cache[h]
+
+    def _fit(self) -> bool:
+        ok = [y for _, y in self.history if y is not None]
+        if len(ok) < 4:
+            return False
+        floor = min(ok) - 0.5  # a failed candidate scores below the slowest correct one
+        x = np.stack([self._feat(c) for c, _ in self.history])
+        y = np.array([floor if s is None else s for _, s in self.history])
+        self.model.fit(x, y)
+        return True
+
+    def _score(self, cfgs: list[Config]) -> np.ndarray:
+        return self.model.predict(np.stack([self._feat(c) for c in cfgs])) if cfgs else np.zeros(0)
+
+    def _best_measured(self, k: int) -> list[Config]:
+        ok = sorted(((s, n) for n, (_, s) in enumerate(self.history) if s is not None), reverse=True)
+        return [self.history[n][0] for _, n in ok[:k]] or [self.space.default()]
+
+    def propose(self, n: int) -> list[Config]:
+        taken: set[str] = set()
+        n_explore = max(1, int(round(n * self.explore))) if n > 1 else 0
+        if not self._fit():
+            # no model yet: neighbours of the best so far (the untuned choice first), and random points
+            parents = self._best_measured(4)
+            out: list[Config] = []
+            for _ in range(40 * n):
+                if len(out) >= n - n_explore:
+                    break
+                c = self.space.mutate(self.rng.choice(parents), self.rng, self.rng.choice((1, 1, 2)))
+                if self._fresh(c, taken):
+                    out.append(c)
+            return out + self._random(n - len(out), taken)
+        pool: dict[str, Config] = {}
+        every = self.space.enumerate(4096)
+        if every is not None:
+            pool = {config_hash(c): c for c in every}
+        else:
+            for c in self._best_measured(8) + [self.space.sample(self.rng) for _ in range(self.population)]:
+                pool[config_hash(c)] = c
+            for _ in range(self.generations):
+                members = list(pool.values())
+                scores = self._score(members)
+                elite = [members[k] for k in np.argsort(-scores)[: max(8, self.population // 4)]]
+                for _ in range(self.population):
+                    if self.rng.random() < 0.7:
+                        child = self.space.mutate(self.rng.choice(elite), self.rng, self.rng.choice((1, 1, 2)))
+                    else:
+                        child = self.space.crossover(self.rng.choice(elite), self.rng.choice(elite), self.rng)
+                    pool.setdefault(config_hash(child), child)
+                members = list(pool.values())
+                keep = np.argsort(-self._score(members))[: self.population * 2]
+                pool = {config_hash(members[k]): members[k] for k in keep}
+        cands = [c for h, c in pool.items() if h not in self.seen]
+        order = np.argsort(-self._score(cands))
+        out = []
+        for k in order:
+            if len(out) >= n - n_explore:
+                break
+            if self._fresh(cands[k], taken):
+                out.append(cands[k])
+        return out + self._random(n - len(out), taken)
+
+
+STRATEGIES = {"evolutionary": EvolutionarySearch, "random": RandomSearch}

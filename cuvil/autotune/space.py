@@ -1,0 +1,175 @@
+"""The search space: the auto-scheduler's knobs (``knob_space``), configurations and their features.
+
+A *configuration* sets every knob of every tunable stage::
+
+    {"C": {"candidate": 0, "mr": 8, "nr": 32, "pack": True, "panels_outer": True, "parallel": True}}
+
+and :func:`cuvil.schedule.auto.auto_schedule` turns it into a schedule (isl checks it; a
+combination it refuses leaves that stage to the plain strategy, so every point is a legal
+schedule).  :meth:`Space.default` is the configuration the untuned auto-scheduler picks
+itself, spelled out, so the first trial of every tuning run is the untuned schedule.
+
+:meth:`Space.features` describes the loop nest a configuration produces, without
+building it (a build costs as much as a measurement): register-tile shape and register
+pressure, work per load, wasted tail iterations and vector lanes, how evenly the
+parallel tiles split over the threads, the bytes a packed panel and a row block keep in
+L2 and L1, and the knob bits.  The cost model learns from these.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+Config = dict[str, dict[str, Any]]
+
+
+def config_hash(cfg: Config) -> str:
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class Space:
+    """The knobs of one program for one target, with the facts its features need."""
+
+    def __init__(self, args: Sequence[Any], target: Any = "llvm", threads: int = 1):
+        from cuvil.schedule.auto import PARALLEL_MIN_WORK, AutoScheduler, knob_space
+        from cuvil.schedule.axes import const_int
+        from cuvil.schedule.schedule import Schedule
+        from cuvil.target import Target
+        from cuvil.te.tensor import ComputeOp, PlaceholderOp, Tensor
+
+        self.target = target if isinstance(target, Target) else Target(target)
+        self.threads = max(1, int(threads))
+        self.knobs = knob_space(args, self.target)
+        outs = [a for a in args if isinstance(a, Tensor) and not isinstance(a.op, PlaceholderOp)]
+        s = Schedule(outs)
+        sch = AutoScheduler(s, [s[o] for o in outs], self.target)
+        self.facts: dict[str, dict[str, Any]] = {}
+        self._default: Config = {}
+        for st in s.compute_stages:
+            if st.name not in self.knobs:
+                continue
+            op = st.op
+            work = sch._work(st)
+            facts: dict[str, Any] = {"work": work, "dtype_bytes": max(1, _bytes(op.dtype))}
+            default: dict[str, Any] = {}
+            if isinstance(op, ComputeOp) and op.reduce_axis and "candidate" in self.knobs[st.name]:
+                cands = sch.candidates(op)
+                chosen = sch.choose(op)
+                red = math.prod(const_int(a.extent) or 1024 for a in op.reduce_axis)
+                facts.update(lanes=sch.lanes(op.dtype), regs=32 if sch.bits >= 512 else 16, reduce=red,
+                             cands=[{"i": const_int(c.i.extent) or 1024, "j": const_int(c.j.extent) or 1024,
+                                     "packable": c.pack_dim is not None or sch._packable(c, 16) is not None,
+                                     "must_pack": c.pack_dim is not None} for c in cands])
+                idx = next((k for k, c in enumerate(cands) if chosen is not None and c.i is chosen.i and c.j is chosen.j
+                            and c.pack_dim == chosen.pack_dim), 0)
+                mr, nr = sch._tile_sizes(cands[idx], op.dtype)
+                packed = facts["cands"][idx]["packable"]
+                default = {"candidate": idx, "mr": mr, "nr": nr, "pack": True, "panels_outer": bool(packed),
+                           "parallel": work >= PARALLEL_MIN_WORK}
+            else:
+                default = {"parallel": sch._big(st)}
+                if "lanes" in self.knobs[st.name]:
+                    default["lanes"] = True
+            self.facts[st.name] = facts
+            self._default[st.name] = {k: v for k, v in default.items() if k in self.knobs[st.name]}
+        self.size = math.prod(len(vals) for kn in self.knobs.values() for vals in kn.values())
+
+    # -- points ---------------------------------------------------------------------------
+    def default(self) -> Config:
+        """The untuned auto-scheduler's own choices, as a configuration."""
+        return json.loads(json.dumps(self._default))
+
+    def sample(self, rng: random.Random) -> Config:
+        return {st: {k: rng.choice(vals) for k, vals in kn.items()} for st, kn in self.knobs.items()}
+
+    def mutate(self, cfg: Config, rng: random.Random, n: int = 1) -> Config:
+        """``cfg`` with ``n`` knobs changed (a tile size moves to a neighbouring value more often than far)."""
+        out = json.loads(json.dumps(cfg))
+        slots = [(st, k) for st, kn in self.knobs.items() for k, vals in kn.items() if len(vals) > 1]
+        for _ in range(n):
+            if not slots:
+                break
+            st, k = rng.choice(slots)
+            vals = self.knobs[st][k]
+            cur = out.setdefault(st, {}).get(k, vals[0])
+            if cur in vals and isinstance(cur, int) and not isinstance(cur, bool) and rng.random() < 0.7:
+                pos = vals.index(cur) + rng.choice((-2, -1, 1, 2))
+                out[st][k] = vals[min(max(pos, 0), len(vals) - 1)]
+            else:
+                out[st][k] = rng.choice([v for v in vals if v != cur] or vals)
+        return out
+
+    def crossover(self, a: Config, b: Config, rng: random.Random) -> Config:
+        return {st: {k: (a if rng.random() < 0.5 else b).get(st, {}).get(k, vals[0]) for k, vals in kn.items()}
+                for st, kn in self.knobs.items()}
+
+    def enumerate(self, limit: int) -> list[Config] | None:
+        """Every configuration, when there are at most ``limit``; else None."""
+        if self.size > limit:
+            return None
+        import itertools
+
+        slots = [(st, k, vals) for st, kn in self.knobs.items() for k, vals in kn.items()]
+        out = []
+        for combo in itertools.product(*[vals for _, _, vals in slots]):
+            cfg: Config = {st: {} for st in self.knobs}
+            for (st, k, _), v in zip(slots, combo):
+                cfg[st][k] = v
+            out.append(cfg)
+        return out
+
+    # -- features ---------------------------------------------------------------------------
+    def features(self, cfg: Config) -> np.ndarray:
+        """A fixed-length vector describing the loop nest ``cfg`` gives (see the module docstring)."""
+        out: list[float] = []
+        for st, kn in self.knobs.items():
+            k = {**self._default.get(st, {}), **cfg.get(st, {})}
+            f = self.facts[st]
+            if "candidate" in kn:
+                out += self._contraction_features(f, k)
+            else:
+                out += [float(bool(k.get("parallel"))), float(bool(k.get("lanes", False))), math.log2(f["work"] + 1)]
+        return np.asarray(out, dtype=np.float64)
+
+    def _contraction_features(self, f: dict[str, Any], k: dict[str, Any]) -> list[float]:
+        cands = f["cands"]
+        ci = int(k.get("candidate", 0)) % max(1, len(cands))
+        c = cands[ci] if cands else {"i": 1, "j": 1, "packable": False, "must_pack": False}
+        v, regs = f["lanes"], f["regs"]
+        mr, nr = int(k["mr"]), int(k["nr"])
+        nv = -(-nr // v)
+        acc = mr * nv
+        pressure = acc + nv + 1
+        ext_i, ext_j = c["i"], c["j"]
+        mr_e, nr_e = min(mr, ext_i), min(nr, ext_j)
+        waste_i = -(-ext_i // mr_e) * mr_e / ext_i - 1.0
+        waste_j = -(-ext_j // nr_e) * nr_e / ext_j - 1.0
+        lane_use = ext_j / (-(-ext_j // v) * v)
+        packed = bool(c["packable"]) and (bool(k.get("pack")) or c["must_pack"])
+        parallel = bool(k.get("parallel"))
+        tiles = -(-ext_i // mr_e) * -(-ext_j // nr_e)
+        th = self.threads if parallel else 1
+        balance = tiles / (-(-tiles // th) * th)
+        b = f["dtype_bytes"]
+        panel = nr * f["reduce"] * b
+        rows = mr * f["reduce"] * b
+        l1, l2 = self.target.l1_size, self.target.l2_size
+        onehot = [float(ci == n) for n in range(4)]
+        return [
+            mr, nv, acc, pressure / regs, max(0.0, pressure - regs), acc / (mr + nv), waste_i, waste_j, lane_use,
+            float(packed), float(bool(k.get("panels_outer"))), float(parallel), balance * th, math.log2(tiles),
+            math.log2(panel / l2), math.log2(rows / l1), float(mr % 2 == 0), math.log2(f["work"] + 1), *onehot,
+        ]
+
+
+def _bytes(dtype: str) -> int:
+    from cuvil import dtype as dt
+
+    return max(1, dt.bits(dtype) // 8)

@@ -1,0 +1,180 @@
+"""The autotuner's parts without measuring: workload keys, the database, the space, the model, the search,
+trace translation and errors.  (Measuring in worker processes: tests/test_autotune_measure.py.)"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+import cuvil
+from cuvil import te
+from cuvil.autotune.database import Database, DatabaseError, Record
+from cuvil.autotune.model import BoostedTrees
+from cuvil.autotune.replay import translate
+from cuvil.autotune.search import EvolutionarySearch, RandomSearch
+from cuvil.autotune.space import Space, config_hash
+from cuvil.autotune.workload import workload_of
+from cuvil.schedule.auto import auto_schedule
+from cuvil.schedule.trace import trace_from_json, trace_to_json
+
+
+def matmul(n: int = 64, m: int = 48, k: int = 32, names: str = "ABCk", dtype: str = "float32") -> list:
+    a, b, c, kk = names
+    A = te.placeholder((n, k), dtype=dtype, name=a)
+    B = te.placeholder((k, m), dtype=dtype, name=b)
+    r = te.reduce_axis((0, k), name=kk)
+    C = te.compute((n, m), lambda i, j: te.sum(A[i, r] * B[r, j], axis=r), name=c)
+    return [A, B, C]
+
+
+def test_workload_key_ignores_names_and_sees_structure() -> None:
+    w1, w2 = workload_of(matmul()), workload_of(matmul(names="XWYr"))
+    assert w1.key == w2.key and w1.names != w2.names
+    assert w1.flops == 2 * 64 * 48 * 32
+    others = [matmul(n=65), matmul(dtype="float64")]
+    A, B, C = matmul()
+    D = te.compute(C.shape, lambda i, j: C[i, j] + 1.0, name="D")
+    others.append([A, B, D])
+    keys = {workload_of(p).key for p in others}
+    assert len(keys) == 3 and w1.key not in keys
+    # argument order is part of the program (it is the calling convention)
+    assert workload_of([B, A, C]).key != w1.key
+    assert w1.key != workload_of(matmul(), "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76").key
+
+
+def test_workload_bad_input() -> None:
+    with pytest.raises(cuvil.ArgumentError, match="argument list"):
+        workload_of("C")
+    with pytest.raises(cuvil.ArgumentError, match="computed tensor"):
+        workload_of(matmul()[:2])
+
+
+def _rec(key: str, i: int, t: float | None, status: str = "ok") -> Record:
+    cfg = {"C": {"mr": i}}
+    return Record(key, "tgt", 1, config_hash(cfg), cfg, status, t, "[]", {"t0": "A"})
+
+
+def test_database_best_count_resume_and_jsonl(tmp_path) -> None:
+    path = tmp_path / "t.db"
+    with Database(path) as db:
+        assert db.add(_rec("k", 1, 2e-3)) and db.add(_rec("k", 2, 1e-3)) and db.add(_rec("k", 3, None, "run_crash"))
+        assert not db.add(_rec("k", 1, 5e-3))  # the same configuration is measured once
+        db.add(_rec("other", 1, 1e-6))
+        assert db.count("k", "tgt", 1) == 3 and db.count("k", "tgt", 2) == 0
+        assert db.best("k", "tgt", 1).config == {"C": {"mr": 2}}
+        assert db.best("k", "tgt", 2) is None and db.best("k", "tgt").time_s == 1e-3
+        assert db.export_jsonl(tmp_path / "log.jsonl") == 4
+    with Database(path) as db:  # committed: a new connection (a rerun) sees every record
+        assert [r.status for r in db.records("k")] == ["ok", "ok", "run_crash"]
+    with Database(tmp_path / "copy.db") as db2:
+        assert db2.import_jsonl(tmp_path / "log.jsonl") == 4
+        assert db2.import_jsonl(tmp_path / "log.jsonl") == 0
+        assert db2.best("k", "tgt", 1).time_s == 1e-3
+    (tmp_path / "bad.jsonl").write_text('{"workload": "k"}\n')
+    with pytest.raises(DatabaseError, match="bad.jsonl:1"):
+        Database(":memory:").import_jsonl(tmp_path / "bad.jsonl")
+    (tmp_path / "junk.db").write_bytes(b"not a database" * 100)
+    with pytest.raises(DatabaseError, match="cannot open"):
+        Database(tmp_path / "junk.db")
+
+
+def test_space_default_is_the_untuned_schedule() -> None:
+    args = matmul(128, 128, 128)
+    space = Space(args, "llvm", 2)
+    default = space.default()
+    assert set(default["C"]) == set(space.knobs["C"])
+    plain = auto_schedule(args)
+    knobbed = auto_schedule(args, knobs=default)
+    assert trace_to_json(plain.trace) == trace_to_json(knobbed.trace)
+    rng = random.Random(0)
+    for _ in range(20):
+        c = space.sample(rng)
+        assert all(c["C"][k] in v for k, v in space.knobs["C"].items())
+        m = space.mutate(c, rng, 2)
+        assert all(m["C"][k] in v for k, v in space.knobs["C"].items())
+        assert space.features(c).shape == space.features(default).shape
+    assert len(space.enumerate(10**6)) == space.size and space.enumerate(1) is None
+
+
+def test_model_learns_an_order() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.random((120, 6))
+    y = 3 * x[:, 0] - 2 * (x[:, 1] > 0.5) + x[:, 2] * x[:, 3]
+    m = BoostedTrees().fit(x[:80], y[:80])
+    assert np.corrcoef(m.predict(x[80:]), y[80:])[0, 1] > 0.9
+    assert BoostedTrees().fit(x[:1], y[:1]).predict(x[:3]).shape == (3,)
+
+
+def test_search_never_repeats_and_the_model_steers() -> None:
+    args = matmul(128, 128, 128)
+    space = Space(args, "llvm", 1)
+
+    def fake_time(cfg: dict) -> float:  # a made-up machine: mr 6 and nr 32 are best, no packing
+        c = cfg["C"]
+        return 1e-3 * (1 + abs(c["mr"] - 6) + abs(c["nr"] - 32) / 16 + c["pack"])
+
+    bests = {}
+    for name, cls in (("random", RandomSearch), ("evolutionary", EvolutionarySearch)):
+        found = []
+        for seed in range(3):
+            s = cls(space, seed=seed)
+            s.observe(space.default(), fake_time(space.default()))
+            for _ in range(3):
+                batch = s.propose(8)
+                assert len({config_hash(c) for c in batch}) == len(batch) == 8
+                assert not {config_hash(c) for c in batch} & s.seen
+                for c in batch:
+                    s.observe(c, fake_time(c))
+            found.append(min(fake_time(c) for c, _ in [(c, 0) for c, _ in s.history]))
+        bests[name] = float(np.mean(found))
+    assert bests["evolutionary"] <= bests["random"]
+
+
+def test_translate_renames_stages_and_axes() -> None:
+    args = matmul(128, 128, 128)
+    w = workload_of(args)
+    steps = auto_schedule(args).trace
+    w2 = workload_of(matmul(128, 128, 128, names="XWYr"))
+    moved = translate(steps, w.names, w2.names)
+    text = trace_to_json(moved)
+    assert '"Y.local"' in text and '"C"' not in text and '"r"' in text and '"k"' not in text
+    assert translate(steps, w.names, w.names) == tuple(steps)
+    assert trace_from_json(text) == moved
+
+
+def test_tune_rejects_bad_input(tmp_path) -> None:
+    args = matmul()
+    db = str(tmp_path / "t.db")
+    with pytest.raises(cuvil.ArgumentError, match="trials"):
+        cuvil.autotune.tune(args, trials=0, db=db)
+    with pytest.raises(cuvil.ArgumentError, match="timeout_s"):
+        cuvil.autotune.tune(args, trials=2, db=db, timeout_s=-1)
+    with pytest.raises(cuvil.ArgumentError, match="unknown search"):
+        cuvil.autotune.tune(args, trials=2, db=db, search="grid")
+    with pytest.raises(cuvil.ArgumentError, match="remote runner"):
+        cuvil.autotune.tune(args, "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76", trials=2, db=db)
+    N = te.var("N")
+    A = te.placeholder((N, 4), name="A")
+    B = te.compute((N, 4), lambda i, j: A[i, j] * 2.0, name="B")
+    with pytest.raises(cuvil.ArgumentError, match="symbolic shape"):
+        cuvil.autotune.tune([A, B], trials=2, db=db)
+    with pytest.raises(cuvil.ArgumentError, match="tuning_db"):
+        cuvil.build(te.create_schedule(args[2]), args, tuning_db=42)
+
+
+def test_build_without_a_record_builds_the_given_schedule(tmp_path, caplog) -> None:
+    args = matmul(16, 16, 16)
+    s = te.create_schedule(args[2])
+    db = tmp_path / "empty.db"
+    Database(db).close()
+    with caplog.at_level("INFO", logger="cuvil.autotune"):
+        f = cuvil.build(s, args, tuning_db=str(db))
+    assert "no record" in caplog.text
+    a, b = np.ones((16, 16), "float32"), np.ones((16, 16), "float32")
+    c = np.empty((16, 16), "float32")
+    f(a, b, c)
+    assert np.all(c == 16)
+    assert json.loads(trace_to_json(s.trace)) == []

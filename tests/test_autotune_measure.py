@@ -1,0 +1,93 @@
+"""The autotuner end to end: candidates built and run in spawned processes, results in SQLite,
+faults (segfault, hang, a dying builder, a wrong output) costing only their candidate, reruns that
+measure nothing, and build(tuning_db=...) replaying the best trace.  Small workloads, short timeouts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cuvil
+from cuvil import te
+from cuvil.autotune.database import Database
+from cuvil.autotune.measure import LocalBuilder, LocalRunner
+
+autotune_faults = pytest.importorskip("autotune_faults")  # tests/ is on sys.path (conftest)
+
+
+def matmul(n: int, names: str = "ABCk") -> list:
+    a, b, c, kk = names
+    A = te.placeholder((n, n), name=a)
+    B = te.placeholder((n, n), name=b)
+    r = te.reduce_axis((0, n), name=kk)
+    C = te.compute((n, n), lambda i, j: te.sum(A[i, r] * B[r, j], axis=r), name=c)
+    return [A, B, C]
+
+
+def test_tune_rerun_and_build_from_the_database(tmp_path, caplog) -> None:
+    db = str(tmp_path / "tune.db")
+    args = matmul(48)
+    res = cuvil.autotune.tune(args, trials=5, db=db, timeout_s=30, num_threads=1, batch_size=3, progress=False)
+    assert res.measured == 5 and res.trials == 5 and res.best_time_s is not None
+    assert res.best_time_s <= res.untuned_time_s and res.gflops > 0
+    assert res.curve == sorted(res.curve, reverse=True) and len(res.curve) == 5
+    again = cuvil.autotune.tune(args, trials=5, db=db, num_threads=1, progress=False)
+    assert again.measured == 0 and again.best_time_s == res.best_time_s
+    more = cuvil.autotune.tune(args, trials=7, db=db, timeout_s=30, num_threads=1, progress=False)
+    assert more.measured == 2 and more.trials == 7
+    with Database(db) as d:
+        recs = d.records(res.workload_key)
+    assert len({r.config_hash for r in recs}) == 7  # a resumed run repeats no configuration
+    # the same computation under other names gets the best record's trace
+    X, W, Y = matmul(48, "XWYr")
+    cuvil.set_num_threads(1)
+    try:
+        with caplog.at_level("INFO", logger="cuvil.autotune"):
+            f = cuvil.build(te.create_schedule(Y), [X, W, Y], tuning_db=db)
+    finally:
+        cuvil.set_num_threads(None)
+    assert "replaced the 0 steps" in caplog.text
+    best = min((r for r in recs if r.ok), key=lambda r: r.time_s)
+    assert best.trace == more.trace
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((48, 48), dtype=np.float32), rng.standard_normal((48, 48), dtype=np.float32)
+    c = np.empty((48, 48), np.float32)
+    f(a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_crash_hang_and_dead_builder_cost_only_their_candidate(tmp_path) -> None:
+    args = matmul(32)
+    db = str(tmp_path / "faults.db")
+    builder = LocalBuilder(args, cuvil.Target("llvm").canonical, workers=2, timeout_s=30,
+                           build_fn=autotune_faults.faulty_build)
+    runner = LocalRunner(threads=1, timeout_s=4, repeat=2, call_fn=autotune_faults.faulty_call)
+    try:
+        res = cuvil.autotune.tune(args, trials=6, db=db, num_threads=1, batch_size=6, builder=builder,
+                                  runner=runner, progress=False)
+    finally:
+        builder.close()
+        runner.close()
+    with Database(db) as d:
+        status = {r.config_hash: r for r in d.records(res.workload_key)}
+    by_trial = sorted(status.values(), key=lambda r: r.created)
+    kinds = [r.status for r in by_trial]
+    assert kinds[autotune_faults.SEGFAULT] == "run_crash" and "SIGSEGV" in by_trial[1].error
+    assert kinds[autotune_faults.HANG] == "run_timeout"
+    assert kinds[autotune_faults.EXIT_IN_BUILD] == "build_crash" and "status 7" in by_trial[3].error
+    assert kinds[0] == kinds[4] == kinds[5] == "ok"  # the run went on after each fault
+    assert res.measured == 6 and res.failed == 3 and res.best_time_s is not None
+
+
+def test_wrong_output_is_not_timed(tmp_path) -> None:
+    args = matmul(16)
+    runner = LocalRunner(threads=1, timeout_s=10, repeat=1, call_fn=autotune_faults.wrong_call)
+    try:
+        res = cuvil.autotune.tune(args, trials=3, db=str(tmp_path / "w.db"), num_threads=1, runner=runner,
+                                  progress=False)
+    finally:
+        runner.close()
+    with Database(str(tmp_path / "w.db")) as d:
+        recs = d.records(res.workload_key)
+    assert [r.status for r in recs] == ["ok", "wrong", "wrong"]
+    assert "relative error" in recs[1].error and recs[1].time_s is None
