@@ -91,3 +91,49 @@ def test_wrong_output_is_not_timed(tmp_path) -> None:
         recs = d.records(res.workload_key)
     assert [r.status for r in recs] == ["ok", "wrong", "wrong"]
     assert "relative error" in recs[1].error and recs[1].time_s is None
+
+
+_KILLED_RUN = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_autotune_measure import matmul
+import cuvil
+if __name__ == "__main__":
+    cuvil.autotune.tune(matmul(24), trials=40, db={db!r}, timeout_s=30, num_threads=1, batch_size=1, progress=False)
+"""
+
+
+def test_kill_9_loses_only_candidates_in_flight(tmp_path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db = str(tmp_path / "killed.db")
+    script = tmp_path / "run.py"
+    script.write_text(_KILLED_RUN.format(tests=os.path.dirname(__file__), db=db))
+    proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
+    key = cuvil.autotune.workload_key(matmul(24))
+    deadline = time.monotonic() + 120
+    n = 0
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            if os.path.exists(db):
+                with Database(db) as d:
+                    n = d.count(key, cuvil.Target("llvm").canonical, 1)
+                if n >= 3:
+                    break
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the tuner and its workers, mid-run
+        proc.wait()
+    assert n >= 3
+    with Database(db) as d:
+        before = d.count(key, cuvil.Target("llvm").canonical, 1)
+    assert before >= n  # every committed candidate survived
+    res = cuvil.autotune.tune(matmul(24), trials=before + 2, db=db, timeout_s=30, num_threads=1, progress=False)
+    assert res.measured == 2 and res.trials == before + 2
+    with Database(db) as d:
+        recs = d.records(key)
+    assert len({r.config_hash for r in recs}) == len(recs) and recs[0].ok

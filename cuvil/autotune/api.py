@@ -104,10 +104,11 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
          timeout_s: float = 10.0, num_threads: int | None = None, *, search: str = "evolutionary",
          seed: int = 0, batch_size: int | None = None, inputs: Sequence[np.ndarray] | None = None,
          builder: Builder | None = None, runner: Runner | None = None, progress: bool | None = None,
-         repeat: int = 5) -> TuneResult:
+         repeat: int = 5, build_timeout_s: float | None = None) -> TuneResult:
     """Tune the schedule of the program with arguments ``args`` until the database holds ``trials`` records.
 
-    ``timeout_s`` bounds one candidate's build and, separately, its run; a candidate that fails
+    ``timeout_s`` bounds one candidate's run (``build_timeout_s``, default ``6 * timeout_s``, its build:
+    compiling a big packed contraction takes seconds, more on a busy machine); a candidate that fails
     (refused, crashed, hung, wrong output) counts as a trial.  ``num_threads`` (default: cuvil's
     thread count) is the thread count candidates run with; records are kept per thread count.
     ``search`` is "evolutionary" (model-guided) or "random"; ``inputs`` replaces the random inputs
@@ -148,7 +149,7 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
             strategy.observe(r.config, r.time_s if r.ok else None)
         with tempfile.TemporaryDirectory(prefix="cuvil-tune-") as tmp:
             own_builder, own_runner = builder is None, runner is None
-            builder = builder or LocalBuilder(args, tgt.canonical, timeout_s=timeout_s)
+            builder = builder or LocalBuilder(args, tgt.canonical, timeout_s=build_timeout_s or 6 * timeout_s)
             runner = runner or LocalRunner(threads, timeout_s=timeout_s, repeat=repeat)
             try:
                 return _loop(args, wl, threads, trials, done, database, space, strategy, builder, runner,
@@ -172,19 +173,13 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
           tmp: str, batch: int, show: bool) -> TuneResult:
     runner.set_inputs(inputs, [(shape, dtype) for _, shape, dtype, is_in in shapes if not is_in])
     default = space.default()
-    # the untuned schedule: the reference every candidate's output must match (and trial 0 of a fresh run)
-    (ref_build,) = builder.build([BuildJob(done, default, os.path.join(tmp, "reference.so"))])
-    if ref_build.status != "ok":
-        raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not build: {ref_build.error}")
-    ref = runner.reference(ref_build)
-    if ref.status != "ok":
-        raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not run: {ref.error}")
     best = db.best(wl.key, wl.target, threads)
     best_s = best.time_s if best else None
     measured = failed = 0
     curve: list[float] = []
     untuned: float | None = None
-    first = config_hash(default) not in strategy.seen
+    first = config_hash(default) not in strategy.seen  # a fresh run: the untuned schedule is trial 0
+    have_ref = False
     start = time.monotonic()
     while done < trials:
         n = min(batch, trials - done)
@@ -193,7 +188,18 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
             log.info("tune: the search space of %s is exhausted after %d trials", wl.describe(), done)
             break
         jobs = [BuildJob(done + k, c, os.path.join(tmp, f"cand{done + k}.so")) for k, c in enumerate(cfgs)]
-        builds = builder.build(jobs)
+        extra = [] if have_ref or first else [BuildJob(-1, default, os.path.join(tmp, "reference.so"))]
+        builds = builder.build(extra + jobs)
+        if not have_ref:
+            # the untuned schedule's outputs are the reference every candidate must match
+            ref_build = builds[0]
+            if ref_build.status != "ok":
+                raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not build: {ref_build.error}")
+            ref = runner.reference(ref_build)
+            if ref.status != "ok":
+                raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not run: {ref.error}")
+            have_ref = True
+            builds = builds[len(extra):]
         results = runner.run(builds, best_s)
         for b, r in zip(builds, results):
             rec = Record(wl.key, wl.target, threads, config_hash(b.config), b.config, r.status, r.time_s, b.trace,

@@ -388,23 +388,37 @@ class LocalRunner:
         self.inputs: list[Any] = []
         self.specs: list[tuple[tuple[int, ...], str]] = []
         self.ref: list[np.ndarray] | None = None
+        self._acks = 0  # replies to "inputs" messages not read yet
 
     def set_inputs(self, inputs: Sequence[Any], outputs: Sequence[tuple[tuple[int, ...], str]]) -> None:
         self.inputs, self.specs = list(inputs), list(outputs)
+        self.proc.stop()
+        self._acks = 0
+        self._start()  # boots while the first batch builds
 
     def _start(self) -> Connection:
+        """The runner's pipe; a fresh process is sent the inputs (its reply is read before the next request)."""
         fresh = self.proc.proc is None or not self.proc.proc.is_alive()
         conn = self.proc.ensure()
         if fresh:
-            conn.send(("inputs", self.inputs, self.specs, self.ref))
-            conn.recv()
+            self._send_inputs(conn)
         return conn
+
+    def _send_inputs(self, conn: Connection) -> None:
+        conn.send(("inputs", self.inputs, self.specs, self.ref))
+        self._acks += 1
 
     def _ask(self, msg: tuple[Any, ...]) -> tuple[str, Any, str]:
         try:
             conn = self._start()
+            while self._acks:
+                if not conn.poll(60.0):
+                    raise OSError("the runner did not start within 60 s")
+                conn.recv()
+                self._acks -= 1
             conn.send(msg)
         except (EOFError, OSError) as exc:
+            self._acks = 0
             self.proc.stop(kill=True)
             return "run_crash", None, f"the runner could not start: {exc}"
         if not conn.poll(self.timeout_s):
@@ -423,9 +437,7 @@ class LocalRunner:
         status, value, err = self._ask(("reference", build.path, build.trial, {}))
         if status == "ok":
             self.ref = value
-            conn = self._start()
-            conn.send(("inputs", self.inputs, self.specs, self.ref))
-            conn.recv()
+            self._send_inputs(self._start())
         return RunResult(status, None, err)
 
     def run(self, builds: Sequence[BuildResult], best_s: float | None = None) -> list[RunResult]:
