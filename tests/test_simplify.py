@@ -59,3 +59,19 @@ def test_tile_offsets_cancel():
     e = (X + 14) // 14 * 32 + f + (-X - 1) // 14 * 32
     assert str(simplify_expr(e)) == "f"
     assert str(simplify_expr((-X - 1) // 14)) == "-(x // 14) - 1"
+
+
+def test_branch_condition_pins_the_tail_tile():
+    # for (j < 32) { if (1000 - 32 * j >= 32) full else tail }: the tail runs for j = 31 only
+    from cuvil.ir.simplify import simplify_stmt
+    from cuvil.ir.stmt import Buffer, For, If, Store
+
+    j, t = E.Var("int64", "j"), E.Var("int64", "t")
+    buf = Buffer("C", (E.const(1000, "int64"),), "float32")
+    ext = E.Binary("int64", "min", E.const(32, "int64"), X * 0 + E.const(1000, "int64") - j * 32)
+    tail = For(t, E.const(0, "int64"), ext, Store(buf, (j * 32 + t,), E.const(0.0, "float32")), "vectorize")
+    full = For(t, E.const(0, "int64"), E.const(32, "int64"), Store(buf, (j * 32 + t,), E.const(0.0, "float32")))
+    cond = E.Binary("bool", "ge", E.const(1000, "int64") - j * 32, E.const(32, "int64"))
+    loop = For(j, E.const(0, "int64"), E.const(32, "int64"), If(cond, full, tail))
+    text = str(simplify_stmt(loop))
+    assert "t < 8" in text and "C[t + 992]" in text, text

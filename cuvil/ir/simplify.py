@@ -259,8 +259,8 @@ def simplify_stmt(s: Stmt, bounds: Bounds | None = None) -> Stmt | None:
         if isinstance(c, Const):
             chosen = s.then_body if c.value else s.else_body
             return None if chosen is None else simplify_stmt(chosen, bounds)
-        then = simplify_stmt(s.then_body, bounds)
-        other = None if s.else_body is None else simplify_stmt(s.else_body, bounds)
+        then = _simplify_branch(s.then_body, c, False, bounds)
+        other = None if s.else_body is None else _simplify_branch(s.else_body, c, True, bounds)
         if then is None and other is None:
             return None
         if then is None:
@@ -280,6 +280,54 @@ def simplify_stmt(s: Stmt, bounds: Bounds | None = None) -> Stmt | None:
         body = simplify_stmt(s.body, bounds)
         return None if body is None else Allocate(s.buffer, body)
     raise TypeError(f"cannot simplify {type(s).__name__}")
+
+
+_FLIP = {"ge": "lt", "gt": "le", "le": "gt", "lt": "ge"}
+
+
+def _simplify_branch(body: Stmt, cond: Expr, negate: bool, bounds: Bounds) -> Stmt | None:
+    """Simplify one side of ``if (cond)``: a condition on one loop variable narrows its range there, and a
+    variable pinned to one value becomes that constant (the tail tile of a loop: ``j < 32`` and
+    ``!(1000 - 32 * j >= 32)`` leave ``j = 31``, so the tail's extents and indices fold)."""
+    refined = _refine(cond, negate, bounds)
+    if refined is None:
+        return simplify_stmt(body, bounds)
+    var, lo, hi = refined
+    inner = {**bounds, id(var): (lo, hi)}
+    if lo == hi:
+        body = substitute_stmt(body, {var: E.const(lo, var.dtype)})
+    return simplify_stmt(body, inner)
+
+
+def _refine(cond: Expr, negate: bool, bounds: Bounds) -> tuple[Var, int, int] | None:
+    """(v, lo, hi) when ``cond`` (or its negation) is ``k * v + c (cmp) 0`` for one bounded loop variable."""
+    if not (isinstance(cond, Binary) and cond.op in _FLIP and cond.a.dtype == "int64" and cond.b.dtype == "int64"):
+        return None
+    lin = _linear(Binary("int64", "sub", cond.a, cond.b))
+    if lin is None:
+        return None
+    terms = [(t, k) for t, k in lin[0].values() if k]
+    if len(terms) != 1 or not isinstance(terms[0][0], Var) or id(terms[0][0]) not in bounds:
+        return None
+    (v, k), c = terms[0], lin[1]
+    lo, hi = bounds[id(v)]
+    if hi is None:
+        return None
+    op = _FLIP[cond.op] if negate else cond.op
+    if op == "gt":  # k v + c > 0  <=>  k v + c - 1 >= 0 (integers)
+        op, c = "ge", c - 1
+    elif op == "lt":
+        op, c = "le", c + 1
+    if op == "le":  # k v + c <= 0  <=>  -k v - c >= 0
+        k, c = -k, -c
+    # k v >= -c
+    if k > 0:
+        lo = max(lo, -(c // k))  # ceil(-c / k)
+    else:
+        hi = min(hi, c // -k)  # floor(c / -k)
+    if lo > hi:
+        return None  # the branch never runs; leave it to the code that produced it
+    return v, lo, hi
 
 
 def substitute_stmt(s: Stmt, mapping: dict[Var, Expr]) -> Stmt:
