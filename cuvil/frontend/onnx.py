@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from cuvil.errors import CuvilError, DTypeError, UnsupportedOpError
-from cuvil.frontend.onnx_ops import Alias, Entry, NodeCtx, Runtime, builder_for
+from cuvil.frontend.onnx_ops import Alias, Entry, NodeCtx, Runtime, Shaped, builder_for, t_shape
+from cuvil.graph import kernel_cache
 from cuvil.graph.ir import Graph, Node, ValueInfo
 
 _TYPE_STR = {"float32": "float", "float64": "double", "float16": "float16", "bool": "bool", "int8": "int8",
@@ -310,30 +311,39 @@ def compile_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Ma
         except (IndexError, KeyError, TypeError, ValueError) as exc:
             raise ModelError(f"{node}: malformed inputs or attributes ({type(exc).__name__}: {exc})") from None
         outs += [None] * (len(node.outputs) - len(outs))
-        computed = [(k, o) for k, o in enumerate(outs) if isinstance(o, Tensor)]
-        for k, o in list(computed):
-            shape = tuple(int(d.value) for d in o.shape)
+        computed = []  # (output index, kernel tensor, shape the graph sees)
+        for k, o in enumerate(outs):
+            t, shape = (o.tensor, o.shape) if isinstance(o, Shaped) else (o, None) if isinstance(o, Tensor) else (
+                None, None)
+            if t is None:
+                continue
+            shape = shape if shape is not None else tuple(int(d.value) for d in t.shape)
             if math.prod(shape) == 0:
-                outs[k] = np.zeros(shape, o.dtype)
-                computed.remove((k, o))
+                outs[k] = np.zeros(shape, t.dtype)
+            else:
+                computed.append((k, t, shape))
         if computed:
             key = _node_key(ctx, tgt.canonical)
-            args = [p for _, p in ctx.placeholders] + [o for _, o in computed]
+            args = [p for _, p in ctx.placeholders] + [t for _, t, _ in computed]
             func = _KERNELS.get(key)
             if func is None:
-                func = _KERNELS[key] = _lower_kernel(ctx, args, tgt)
+                func = kernel_cache.load(key)
+                if func is None:
+                    func = _lower_kernel(ctx, args, tgt)
+                    kernel_cache.store(key, func)
+                _KERNELS[key] = func
             ins = [ctx.entries[i] for i, _ in ctx.placeholders]
-            out_shapes = [(tuple(int(d.value) for d in o.shape), o.dtype) for _, o in computed]
             if all(isinstance(e, np.ndarray) for e in ins):
-                results = _fold(func, ins, out_shapes, tgt)
-                for (k, _), r in zip(computed, results):
-                    outs[k] = r
+                results = _fold(func, [np.reshape(e, t_shape(p)) for e, (_, p) in zip(ins, ctx.placeholders)],
+                                [(t_shape(t), t.dtype) for _, t, _ in computed], tgt)
+                for (k, _, shape), r in zip(computed, results):
+                    outs[k] = r.reshape(shape)
             else:
                 origin = frozenset().union(*(e.origin for e in ins if isinstance(e, Runtime)))
                 arg_slots = [slot_of(e) for e in ins]  # type: ignore[arg-type]
-                for (k, _), (shape, dtype) in zip(computed, out_shapes):
-                    slots.append(_Slot("temp", dtype, math.prod(shape)))
-                    outs[k] = Runtime(len(slots) - 1, shape, dtype, origin)
+                for k, t, shape in computed:
+                    slots.append(_Slot("temp", t.dtype, math.prod(shape)))
+                    outs[k] = Runtime(len(slots) - 1, shape, t.dtype, origin)
                     arg_slots.append(len(slots) - 1)
                 calls.append((func, tuple(arg_slots)))
         for name, o in zip(node.outputs, outs):
@@ -359,13 +369,15 @@ def _copy(e: Runtime, slots: list[_Slot], calls: list, target: Any) -> Runtime:
     from cuvil import te
 
     key = (target.canonical, "copy", e.shape, e.dtype)
-    func = _KERNELS.get(key)
+    func = _KERNELS.get(key) or kernel_cache.load(key)
     if func is None:
         import cuvil
 
         x = te.placeholder(e.shape, e.dtype, name="x")
         y = te.compute(e.shape, lambda *i: x[i], name="copy")
-        func = _KERNELS[key] = cuvil.lower(cuvil.auto_schedule([x, y], target), [x, y], name="k")
+        func = cuvil.lower(cuvil.auto_schedule([x, y], target), [x, y], name="k")
+        kernel_cache.store(key, func)
+    _KERNELS[key] = func
     slots.append(_Slot("temp", e.dtype, math.prod(e.shape)))
     calls.append((func, (e.slot, len(slots) - 1)))
     return dataclasses.replace(e, slot=len(slots) - 1)

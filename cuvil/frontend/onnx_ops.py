@@ -77,6 +77,14 @@ class Runtime:
 
 
 @dataclass(frozen=True)
+class Shaped:
+    """A kernel output computed with a collapsed shape, seen by the graph with ``shape`` (same size)."""
+
+    tensor: Tensor
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Alias:
     """A node output that is input ``index`` with another ``shape`` (same buffer, same elements)."""
 
@@ -104,7 +112,7 @@ class NodeCtx:
         self.opset = opset
         self.placeholders: list[tuple[int, Tensor]] = []
         self.value_reads: set[int] = set()
-        self._tensors: dict[int, Tensor] = {}
+        self._tensors: dict[tuple[int, tuple[int, ...]], Tensor] = {}
 
     # -- inputs -------------------------------------------------------------------
     @property
@@ -142,19 +150,25 @@ class NodeCtx:
     def ints(self, i: int) -> list[int]:
         return [int(x) for x in np.asarray(self.value(i)).reshape(-1)]
 
-    def tensor(self, i: int) -> Tensor:
-        """Input ``i`` as a te tensor: a placeholder of the kernel (a known scalar becomes a constant)."""
-        if i in self._tensors:
-            return self._tensors[i]
+    def tensor(self, i: int, shape: Sequence[int] | None = None) -> Tensor:
+        """Input ``i`` as a te tensor: a placeholder of the kernel (a known scalar becomes a constant).
+
+        ``shape`` views the input with another shape of the same size (buffers are dense and row-major):
+        kernels over fewer, longer dimensions give isl and the scheduler less to do."""
+        shp = tuple(int(d) for d in shape) if shape is not None else self.shape(i)
+        if (i, shp) in self._tensors:
+            return self._tensors[(i, shp)]
         e = self._entry(i)
+        if int(np.prod(shp)) != int(np.prod(self.shape(i))):
+            raise self.error(f"internal error: input {i} of shape {list(self.shape(i))} viewed as {list(shp)}")
         if isinstance(e, np.ndarray) and e.size == 1 and e.dtype.name != "float16":
             self.value_reads.add(i)
             v = e.reshape(-1)[0].item()
-            t = te.compute(e.shape, lambda *_: te.const(v, e.dtype.name), name=f"c{i}")
+            t = te.compute(shp, lambda *_: te.const(v, e.dtype.name), name=f"c{i}")
         else:
-            t = te.placeholder(self.shape(i), dtype=self.dtype(i), name=f"in{i}")
+            t = te.placeholder(shp, dtype=self.dtype(i), name=f"in{i}")
             self.placeholders.append((i, t))
-        self._tensors[i] = t
+        self._tensors[(i, shp)] = t
         return t
 
     def constant(self, array: np.ndarray) -> Tensor:
@@ -164,7 +178,7 @@ class NodeCtx:
         self.value_reads.add(i)
         t = te.placeholder(array.shape, dtype=array.dtype.name, name=f"in{i}")
         self.placeholders.append((i, t))
-        self._tensors[i] = t
+        self._tensors[(i, t_shape(t))] = t
         return t
 
     # -- attributes and errors ------------------------------------------------------
@@ -207,11 +221,36 @@ def bcast_read(t: Tensor, out_shape: Sequence[int], idx: Sequence[Any]) -> Any:
     return t[tuple(0 if shape[d] == 1 and out_shape[off + d] != 1 else idx[off + d] for d in range(t.ndim))]
 
 
-def elementwise(ctx: NodeCtx, inputs: Sequence[int], f: Callable[..., Any], name: str = "out") -> Tensor:
-    """An element-wise kernel over broadcast inputs: ``out[i] = f(x0[i], x1[i], ...)``."""
-    ts = [ctx.tensor(i) for i in inputs]
+def coalesce(out: Sequence[int], shapes: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """Merge adjacent dimensions that every input either broadcasts or reads whole, and drop size-1 output
+    dimensions: ``(2, 3, 4) + (4,)`` becomes ``(6, 4) + (1, 4)``; equal shapes become one dimension."""
+    r = len(out)
+    ins = [(1,) * (r - len(s)) + tuple(s) for s in shapes]
+    groups: list[tuple[list[int], tuple[bool, ...]]] = []
+    for d in range(r):
+        if out[d] == 1:
+            continue
+        pattern = tuple(s[d] == 1 for s in ins)
+        if groups and groups[-1][1] == pattern:
+            groups[-1][0].append(d)
+        else:
+            groups.append(([d], pattern))
+    new_out = tuple(int(np.prod([out[d] for d in g])) for g, _ in groups)
+    new_ins = [tuple(1 if pat[k] else n for (_, pat), n in zip(groups, new_out)) for k in range(len(ins))]
+    return new_out, new_ins
+
+
+def elementwise(ctx: NodeCtx, inputs: Sequence[int], f: Callable[..., Any], name: str = "out") -> Shaped:
+    """An element-wise kernel over broadcast inputs: ``out[i] = f(x0[i], x1[i], ...)`` (computed over
+    coalesced dimensions)."""
     shape = broadcast_shapes(ctx, *(ctx.shape(i) for i in inputs))
-    return te.compute(shape, lambda *idx: f(*(bcast_read(t, shape, idx) for t in ts)), name=name)
+    flat, in_shapes = coalesce(shape, [ctx.shape(i) for i in inputs])
+    ts = [ctx.tensor(i, s) for i, s in zip(inputs, in_shapes)]
+    return Shaped(te.compute(flat, lambda *idx: f(*(bcast_read(t, flat, idx) for t in ts)), name=name), shape)
+
+
+def t_shape(t: Tensor) -> tuple[int, ...]:
+    return tuple(int(d.value) for d in t.shape)
 
 
 def shape_of(t: Tensor) -> tuple[int, ...]:

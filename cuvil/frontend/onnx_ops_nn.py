@@ -11,7 +11,7 @@ import numpy as np
 from cuvil import dtype as dt
 from cuvil import te
 from cuvil.errors import DTypeError
-from cuvil.frontend.onnx_ops import NodeCtx, bcast_read, broadcast_shapes, norm_axis, op
+from cuvil.frontend.onnx_ops import NodeCtx, Shaped, bcast_read, broadcast_shapes, norm_axis, op
 from cuvil.ir.expr import min_value
 from cuvil.te.tensor import Tensor
 
@@ -135,6 +135,13 @@ def gemm(ctx: NodeCtx) -> list:
 @op("MatMul")
 def matmul(ctx: NodeCtx) -> list:
     a_s, b_s = ctx.shape(0), ctx.shape(1)
+    if len(a_s) >= 2 and len(b_s) >= 2 and a_s[-1] == b_s[-2]:
+        # fewer dimensions for isl: rows of A against a 2-D B, or equal batch dimensions merged
+        if len(b_s) == 2 and len(a_s) > 2:
+            return [_matmul_view(ctx, (math.prod(a_s[:-1]), a_s[-1]), b_s, a_s[:-1] + b_s[-1:])]
+        if len(a_s) == len(b_s) > 3 and a_s[:-2] == b_s[:-2]:
+            bt = math.prod(a_s[:-2])
+            return [_matmul_view(ctx, (bt,) + a_s[-2:], (bt,) + b_s[-2:], a_s[:-1] + b_s[-1:])]
     A, B = ctx.tensor(0), ctx.tensor(1)
     a2 = a_s if len(a_s) > 1 else (1,) + a_s
     b2 = b_s if len(b_s) > 1 else b_s + (1,)
@@ -166,20 +173,33 @@ def matmul(ctx: NodeCtx) -> list:
     return [te.compute(out, body, name="matmul")]
 
 
+def _matmul_view(ctx: NodeCtx, a_s: tuple[int, ...], b_s: tuple[int, ...], out: tuple[int, ...]) -> Shaped:
+    A, B = ctx.tensor(0, a_s), ctx.tensor(1, b_s)
+    k = te.reduce_axis((0, a_s[-1]), name="k")
+    if len(a_s) == 2:
+        y = te.compute((a_s[0], b_s[1]), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="matmul")
+    else:
+        y = te.compute((a_s[0], a_s[1], b_s[2]), lambda b, i, j: te.sum(A[b, i, k] * B[b, k, j], axis=k),
+                       name="matmul")
+    return Shaped(y, out)
+
+
 @op("BatchNormalization")
 def batch_norm(ctx: NodeCtx) -> list:
     _float_input(ctx)
     if int(ctx.attr("training_mode", 0)) or (ctx.opset < 9 and len(ctx.node.outputs) > 1 and ctx.node.outputs[1]):
         raise ctx.unsupported("training mode (batch statistics) is not supported; cuvil compiles inference")
     eps = float(ctx.attr("epsilon", 1e-5))
-    shp = ctx.shape(0)
-    X, s, b, mean, var = (ctx.tensor(i) for i in range(5))
+    xs = ctx.shape(0)
+    shp = xs[:2] + (math.prod(xs[2:]),) if len(xs) > 2 else xs
+    X = ctx.tensor(0, shp)
+    s, b, mean, var = (ctx.tensor(i) for i in range(1, 5))
 
     def body(*i: Any) -> Any:
         c = i[1] if len(shp) > 1 else 0
         return (X[i] - mean[c]) / te.sqrt(var[c] + eps) * s[c] + b[c]
 
-    return [te.compute(shp, body, name="batchnorm")]
+    return [Shaped(te.compute(shp, body, name="batchnorm"), xs)]
 
 
 def _pool(ctx: NodeCtx, kind: str) -> list:
@@ -298,19 +318,25 @@ def _kept(i: tuple[Any, ...], axes: list[int]) -> tuple[Any, ...]:
 def softmax(ctx: NodeCtx) -> list:
     _float_input(ctx)
     xs = ctx.shape(0)
-    if ctx.opset >= 13:
-        axes = [norm_axis(ctx, int(ctx.attr("axis", -1)), len(xs))]
-    else:
-        axes = list(range(norm_axis(ctx, int(ctx.attr("axis", 1)), len(xs)), len(xs)))
-    X = ctx.tensor(0)
     if math.prod(xs) == 0:
         return [np.zeros(xs, ctx.dtype(0))]
-    m = _reduce_keep(X, xs, axes, "max", name="smax")
-    e = te.compute(xs, lambda *i: te.exp(X[i] - m[_kept(i, axes)]), name="sexp")
-    s = _reduce_keep(e, xs, axes, "sum", name="ssum")
+    if ctx.opset >= 13:
+        a = norm_axis(ctx, int(ctx.attr("axis", -1)), len(xs))
+        outer, n, inner = math.prod(xs[:a]), xs[a], math.prod(xs[a + 1:])
+    else:  # opsets 1-12: the input is coerced to 2-D at the axis
+        a = norm_axis(ctx, int(ctx.attr("axis", 1)), len(xs))
+        outer, n, inner = math.prod(xs[:a]), math.prod(xs[a:]), 1
+    shp = (outer, n, inner) if inner > 1 else (outer, n)
+    axes = [1]
+    X = ctx.tensor(0, shp)
+    m = _reduce_keep(X, shp, axes, "max", name="smax")
+    e = te.compute(shp, lambda *i: te.exp(X[i] - m[_kept(i, axes)]), name="sexp")
+    s = _reduce_keep(e, shp, axes, "sum", name="ssum")
     if ctx.node.op_type == "LogSoftmax":
-        return [te.compute(xs, lambda *i: X[i] - m[_kept(i, axes)] - te.log(s[_kept(i, axes)]), name="logsoftmax")]
-    return [te.compute(xs, lambda *i: e[i] / s[_kept(i, axes)], name="softmax")]
+        y = te.compute(shp, lambda *i: X[i] - m[_kept(i, axes)] - te.log(s[_kept(i, axes)]), name="logsoftmax")
+    else:
+        y = te.compute(shp, lambda *i: e[i] / s[_kept(i, axes)], name="softmax")
+    return [Shaped(y, xs)]
 
 
 @op("LayerNormalization")
@@ -318,32 +344,57 @@ def layer_norm(ctx: NodeCtx) -> list:
     _float_input(ctx)
     xs = ctx.shape(0)
     axis = norm_axis(ctx, int(ctx.attr("axis", -1)), len(xs))
-    axes = list(range(axis, len(xs)))
     eps = float(ctx.attr("epsilon", 1e-5))
     dtype = ctx.dtype(0)
     work = "float32" if dtype == "float16" else dtype
-    X0 = ctx.tensor(0)
-    X = X0 if work == dtype else te.compute(xs, lambda *i: te.cast(X0[i], work), name="x32")
-    n = math.prod(xs[axis:])
-    total = _reduce_keep(X, xs, axes, "sum", name="lsum")
+    outer, n = math.prod(xs[:axis]), math.prod(xs[axis:])
+    shp = (outer, n)
+    kept = xs[:axis] + (1,) * (len(xs) - axis)
+    X0 = ctx.tensor(0, shp)
+    X = X0 if work == dtype else te.compute(shp, lambda *i: te.cast(X0[i], work), name="x32")
+    total = _reduce_keep(X, shp, [1], "sum", name="lsum")
     mean = te.compute(total.shape, lambda *i: total[i] * (1.0 / n), name="mean")
-    d2 = te.compute(xs, lambda *i: (X[i] - mean[_kept(i, axes)]) * (X[i] - mean[_kept(i, axes)]), name="dev2")
-    var = _reduce_keep(d2, xs, axes, "sum", name="lvar")
+    d2 = te.compute(shp, lambda i, j: (X[i, j] - mean[i, 0]) * (X[i, j] - mean[i, 0]), name="dev2")
+    var = _reduce_keep(d2, shp, [1], "sum", name="lvar")
     inv = te.compute(total.shape, lambda *i: 1.0 / te.sqrt(var[i] * (1.0 / n) + eps), name="invstd")
-    scale = ctx.tensor(1)
-    bias = ctx.tensor(2) if ctx.has(2) else None
 
-    def body(*i: Any) -> Any:
-        k = _kept(i, axes)
-        y = (X[i] - mean[k]) * inv[k] * te.cast(bcast_read(scale, xs, i), work)
+    def param(i: int) -> Any:
+        """Scale or bias over the normalised dimensions, read at (row, column) of the 2-D view."""
+        ps = ctx.shape(i)
+        full = broadcast_shapes(ctx, ps, xs)
+        if full != xs:
+            raise ctx.error(f"input {i} of shape {list(ps)} does not broadcast to {list(xs)}")
+        if math.prod(ps) == n and len(ps) <= len(xs) - axis:
+            t = ctx.tensor(i, (n,))
+            return lambda r, c: t[c]
+        t = ctx.tensor(i)
+        tail = xs[axis:]
+
+        def read(r: Any, c: Any) -> Any:
+            idx, rest = [], c
+            for d in reversed(range(len(xs))):  # unflatten (r, c) into the N-D index
+                if d >= axis:
+                    idx.append(rest % tail[d - axis])
+                    rest = rest // tail[d - axis]
+                else:
+                    idx.append(r % xs[d])
+                    r = r // xs[d]
+            return bcast_read(t, xs, idx[::-1])
+
+        return read
+
+    scale = param(1)
+    bias = param(2) if ctx.has(2) else None
+
+    def body(i: Any, j: Any) -> Any:
+        y = (X[i, j] - mean[i, 0]) * inv[i, 0] * te.cast(scale(i, j), work)
         if bias is not None:
-            y = y + te.cast(bcast_read(bias, xs, i), work)
+            y = y + te.cast(bias(i, j), work)
         return te.cast(y, dtype) if work != dtype else y
 
-    outs: list = [te.compute(xs, body, name="layernorm")]
+    outs: list = [Shaped(te.compute(shp, body, name="layernorm"), xs)]
     if len(ctx.node.outputs) > 1:
-        outs.append(mean)
+        outs.append(Shaped(mean, kept))
     if len(ctx.node.outputs) > 2:
-        outs.append(inv)
+        outs.append(Shaped(inv, kept))
     return outs
-
