@@ -194,8 +194,10 @@ def test_tune_kernels_spends_trials_where_the_time_is() -> None:
         t = base[k] * (0.5 + 0.5 * max(0, 16 - trials) / 16)
         return TuneResult(t, None, "[]", {}, str(k), "t", 1, measured, trials, untuned_time_s=base[k])
 
-    res = tune_kernels([(0, 2), (1, 1)], trials=40, tune_fn=fake_tune, warmup=4, chunk=4)
+    history: list = []
+    res = tune_kernels([(0, 2), (1, 1)], trials=40, tune_fn=fake_tune, warmup=4, chunk=4, history=history)
     assert sum(r.trials for r in res) == 40
+    assert history[-1][0] == 40 and history[-1][1] < history[0][1]
     assert res[1].trials > res[0].trials >= 4  # 1 x 10 ms outweighs 2 x 1 ms
     with pytest.raises(cuvil.ArgumentError, match="no kernels"):
         tune_kernels([], trials=4)
@@ -208,3 +210,21 @@ def test_tune_model_says_what_it_needs(tmp_path) -> None:
         pytest.skip("the importer lists kernels now: tune_model is tested with it")
     with pytest.raises(cuvil.UnsupportedOpError, match="kernel_programs"):
         cuvil.autotune.tune_model(tmp_path / "m.onnx", trials=2, db=str(tmp_path / "t.db"))
+
+
+def test_tune_subcommand(tmp_path, capsys) -> None:
+    import argparse
+
+    from cuvil.autotune import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_parser(parser.add_subparsers(dest="cmd"))
+    args = parser.parse_args(["tune", str(tmp_path / "m.onnx"), "--trials", "3", "--db", str(tmp_path / "t.db")])
+    assert args.trials == 3 and args.plot is None
+    from cuvil.frontend import onnx as importer
+
+    if not hasattr(importer, "kernel_programs"):
+        assert cli.run(args) == 1
+        assert "kernel_programs" in capsys.readouterr().err
+    cli.plot_curve([(0, 3e-3), (8, 2e-3)], str(tmp_path / "c.svg"))
+    assert (tmp_path / "c.svg").read_text().startswith("<svg")

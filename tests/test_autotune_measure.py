@@ -27,17 +27,15 @@ def matmul(n: int, names: str = "ABCk") -> list:
 def test_tune_rerun_and_build_from_the_database(tmp_path, caplog) -> None:
     db = str(tmp_path / "tune.db")
     args = matmul(48)
-    res = cuvil.autotune.tune(args, trials=5, db=db, timeout_s=30, num_threads=1, batch_size=3, progress=False)
-    assert res.measured == 5 and res.trials == 5 and res.best_time_s is not None
+    res = cuvil.autotune.tune(args, trials=4, db=db, timeout_s=30, num_threads=1, batch_size=4, progress=False)
+    assert res.measured == 4 and res.trials == 4 and res.best_time_s is not None
     assert res.best_time_s <= res.untuned_time_s and res.gflops > 0
-    assert res.curve == sorted(res.curve, reverse=True) and len(res.curve) == 5
-    again = cuvil.autotune.tune(args, trials=5, db=db, num_threads=1, progress=False)
-    assert again.measured == 0 and again.best_time_s == res.best_time_s
-    more = cuvil.autotune.tune(args, trials=7, db=db, timeout_s=30, num_threads=1, progress=False)
-    assert more.measured == 2 and more.trials == 7
+    assert res.curve == sorted(res.curve, reverse=True) and len(res.curve) == 4
+    again = cuvil.autotune.tune(args, trials=4, db=db, num_threads=1, progress=False)
+    assert again.measured == 0 and again.best_time_s == res.best_time_s  # (resuming: the kill -9 test)
     with Database(db) as d:
         recs = d.records(res.workload_key)
-    assert len({r.config_hash for r in recs}) == 7  # a resumed run repeats no configuration
+    assert len({r.config_hash for r in recs}) == 4
     # the same computation under other names gets the best record's trace
     X, W, Y = matmul(48, "XWYr")
     cuvil.set_num_threads(1)
@@ -48,7 +46,7 @@ def test_tune_rerun_and_build_from_the_database(tmp_path, caplog) -> None:
         cuvil.set_num_threads(None)
     assert "replaced the 0 steps" in caplog.text
     best = min((r for r in recs if r.ok), key=lambda r: r.time_s)
-    assert best.trace == more.trace
+    assert best.trace == res.trace
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((48, 48), dtype=np.float32), rng.standard_normal((48, 48), dtype=np.float32)
     c = np.empty((48, 48), np.float32)

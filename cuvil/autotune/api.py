@@ -183,6 +183,8 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
     start = time.monotonic()
     while done < trials:
         n = min(batch, trials - done)
+        if first:
+            strategy.seen.add(config_hash(default))  # measured in this batch: not to be proposed again
         cfgs = ([default] if first else []) + strategy.propose(n - first)
         if not cfgs:
             log.info("tune: the search space of %s is exhausted after %d trials", wl.describe(), done)

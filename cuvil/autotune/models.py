@@ -34,10 +34,11 @@ class KernelResult:
 def tune_kernels(kernels: Sequence[tuple[Sequence[Any], int]], trials: int = 64, db: Any = "cuvil-tuning.db",
                  target: Any = "llvm", timeout_s: float = 10.0, num_threads: int | None = None, *,
                  warmup: int = 4, chunk: int = 8, progress: bool | None = None, seed: int = 0,
-                 tune_fn: Any = None) -> list[KernelResult]:
+                 tune_fn: Any = None, history: list[tuple[int, float]] | None = None) -> list[KernelResult]:
     """Tune ``kernels`` (pairs of te arguments and run count) with ``trials`` trials in all (see the module doc).
 
-    ``tune_fn`` replaces :func:`cuvil.autotune.tune` (same signature), e.g. to tune on a remote board."""
+    ``tune_fn`` replaces :func:`cuvil.autotune.tune` (same signature), e.g. to tune on a remote board;
+    ``history`` (a list) receives ``(trials spent, estimated model seconds)`` after each round."""
     from cuvil.autotune.api import tune as default_tune
 
     tune = tune_fn or default_tune
@@ -60,6 +61,9 @@ def tune_kernels(kernels: Sequence[tuple[Sequence[Any], int]], trials: int = 64,
         if before is not None and res.untuned_time_s is None:
             res.untuned_time_s = before.untuned_time_s
         state[k] = res
+        if history is not None and all(st is not None for st in state):
+            est = sum(c * (st.best_time_s or st.untuned_time_s or 0.0) for (_, c), st in zip(kernels, state))
+            history.append((sum(st.trials for st in state), est))
         if res.trials < want:  # the space is exhausted
             gain[k] = 0.0
         elif before is not None and before.best_time_s and res.best_time_s:
@@ -81,8 +85,8 @@ def tune_kernels(kernels: Sequence[tuple[Sequence[Any], int]], trials: int = 64,
 
 
 def tune_model(path: str | os.PathLike[str], trials: int = 64, db: Any = "cuvil-tuning.db", target: Any = "llvm",
-               timeout_s: float = 10.0, num_threads: int | None = None, progress: bool | None = None
-               ) -> list[KernelResult]:
+               timeout_s: float = 10.0, num_threads: int | None = None, progress: bool | None = None,
+               history: list[tuple[int, float]] | None = None) -> list[KernelResult]:
     """Tune the distinct kernels of the ONNX model at ``path`` with ``trials`` trials in all."""
     from cuvil.frontend import onnx as importer
 
@@ -92,4 +96,4 @@ def tune_model(path: str | os.PathLike[str], trials: int = 64, db: Any = "cuvil-
                                  "(cuvil.frontend.onnx.kernel_programs), which it does not do yet; tune kernels "
                                  "with cuvil.autotune.tune meanwhile")
     kernels = lister(os.fspath(path), target)
-    return tune_kernels(kernels, trials, db, target, timeout_s, num_threads, progress=progress)
+    return tune_kernels(kernels, trials, db, target, timeout_s, num_threads, progress=progress, history=history)

@@ -90,7 +90,15 @@ class Space:
         return {st: {k: rng.choice(vals) for k, vals in kn.items()} for st, kn in self.knobs.items()}
 
     def mutate(self, cfg: Config, rng: random.Random, n: int = 1) -> Config:
-        """``cfg`` with ``n`` knobs changed (a tile size moves to a neighbouring value more often than far)."""
+        """``cfg`` with ``n`` knobs changed (a tile size moves to a neighbouring value more often than far);
+        never ``cfg`` itself when another point exists."""
+        for _ in range(10):
+            out = self._mutate(cfg, rng, n)
+            if config_hash(out) != config_hash(cfg):
+                break
+        return out
+
+    def _mutate(self, cfg: Config, rng: random.Random, n: int) -> Config:
         out = json.loads(json.dumps(cfg))
         slots = [(st, k) for st, kn in self.knobs.items() for k, vals in kn.items() if len(vals) > 1]
         for _ in range(n):
