@@ -23,7 +23,8 @@ choice legal (``bind`` loops carry no dependence) and the trace records it:
    the ``T`` partial sums.
 4. Everything else (element-wise stages, other reductions) runs one thread
    per output element: the innermost output axes (constant extents) are fused
-   and split into blocks of 256 threads.
+   and split into blocks of 256 threads; a reduction sums in a register
+   (``cache_write`` computed at the thread's loop).
 
 A stage whose strategy isl refuses keeps its loops (a kernel on one thread)
 rather than failing: correct, and slow; ``cuvil.lower`` shows it.
@@ -76,13 +77,13 @@ class GpuScheduler:
             if st.attach != "root" or isinstance(st.op, ScanOp) or not isinstance(st.op, ComputeOp):
                 continue
             for strategy in (self.contraction_in_registers, self.contraction, self.long_reduction,
-                             self.one_thread_per_output):
+                             self.one_thread_per_output_in_registers, self.one_thread_per_output):
                 try:
                     with s.deferred_checks(self.outputs):
                         if strategy(st):
                             break
-                except ScheduleError:  # undone; try the next strategy
-                    continue
+                except ScheduleError:  # undone (a strategy that does not apply says so before changing
+                    continue  # anything, or raises); try the next one
         return s
 
     def _reused_by_reduction(self, st: Stage) -> bool:
@@ -112,6 +113,19 @@ class GpuScheduler:
         st.bind(ti, "threadIdx.x")
         return True
 
+    def one_thread_per_output_in_registers(self, st: Stage) -> bool:
+        """A reduction, one thread per output, its sum kept in a register (cache_write computed at the
+        thread's loop) rather than read and written in global memory at every step."""
+        if not st.op.reduce_axis or not st.op.axis:
+            return False
+        local = self.s.cache_write(st.op.output(0), "local")
+        self.one_thread_per_output(st)
+        ti = next(a for a in st.leaves if st.kinds.get(id(a)) == "threadIdx.x")
+        if ti is not st.leaves[-1]:  # serial loops inside the thread's loop: undone (deferred_checks)
+            raise ScheduleError("a thread's outputs would not fit in registers")
+        self.s[local].compute_at(st, ti)
+        return True
+
     # -- 3. a long reduction: rfactor over threads ----------------------------------------
     def long_reduction(self, st: Stage) -> bool:
         op = st.op
@@ -125,6 +139,7 @@ class GpuScheduler:
         t = 128
         ko, ki = st.split(k, factor=t)
         rf = self.s.rfactor(op.output(0), ki)
+        local = self.s.cache_write(rf, "local")  # each thread's partial sum in a register
         rs = self.s[rf]
         ki2, *rdata = rs.op.axis
         if rdata:
@@ -134,6 +149,7 @@ class GpuScheduler:
             rs.reorder(row, ki2, *rs.op.reduce_axis)
             rs.bind(row, "blockIdx.x")
         rs.bind(ki2, "threadIdx.x")
+        self.s[local].compute_at(rs, ki2)
         st2 = self.s[op.output(0)]
         if st2.op.axis:
             self.one_thread_per_output(st2)
