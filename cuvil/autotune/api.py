@@ -49,13 +49,15 @@ class TuneResult:
     trials: int  # records of this workload in the database now
     failed: int = 0  # this call's candidates that failed (build, crash, timeout, wrong output)
     untuned_time_s: float | None = None
-    curve: list[float] = field(default_factory=list)  # best seconds so far after each of this call's trials
+    curve: list[float] = field(default_factory=list)  # best so far after each of this call's trials (seconds,
+    # relative to the untuned schedule and scaled by its time in this call's first batch)
+    speedup: float | None = None  # the untuned schedule's time / the best's, both timed in the best's batch
 
     def __str__(self) -> str:
         if self.best_time_s is None:
             return f"workload {self.workload_key}: no correct candidate in {self.trials} trials"
         rate = f", {self.gflops:.1f} GFLOP/s" if self.gflops else ""
-        base = f", untuned {self.untuned_time_s * 1e3:.3f} ms" if self.untuned_time_s else ""
+        base = f", {self.speedup:.2f}x the untuned schedule" if self.speedup else ""
         return (f"workload {self.workload_key}: best {self.best_time_s * 1e3:.3f} ms{rate}{base} "
                 f"({self.measured} measured now, {self.failed} failed, {self.trials} in the database)")
 
@@ -146,7 +148,7 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
         space = Space(args, tgt, threads)
         strategy: Search = STRATEGIES[search](space, seed=seed)
         for r in database.records(wl.key, wl.target, threads):
-            strategy.observe(r.config, r.time_s if r.ok else None)
+            strategy.observe(r.config, r.time_s if r.ok else None, r.ref_time_s)
         with tempfile.TemporaryDirectory(prefix="cuvil-tune-") as tmp:
             own_builder, own_runner = builder is None, runner is None
             builder = builder or LocalBuilder(args, tgt.canonical, timeout_s=build_timeout_s or 6 * timeout_s)
@@ -174,12 +176,14 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
     runner.set_inputs(inputs, [(shape, dtype) for _, shape, dtype, is_in in shapes if not is_in])
     default = space.default()
     best = db.best(wl.key, wl.target, threads)
-    best_s = best.time_s if best else None
+    best_rel = best.relative if best is not None else None
     measured = failed = 0
     curve: list[float] = []
     untuned: float | None = None
+    ref0: float | None = None  # the untuned time in this run's first batch: the curve's scale
     first = config_hash(default) not in strategy.seen  # a fresh run: the untuned schedule is trial 0
-    have_ref = False
+    ref_build = None
+    ref_path = os.path.join(tmp, "reference.so")
     start = time.monotonic()
     while done < trials:
         n = min(batch, trials - done)
@@ -189,10 +193,11 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
         if not cfgs:
             log.info("tune: the search space of %s is exhausted after %d trials", wl.describe(), done)
             break
-        jobs = [BuildJob(done + k, c, os.path.join(tmp, f"cand{done + k}.so")) for k, c in enumerate(cfgs)]
-        extra = [] if have_ref or first else [BuildJob(-1, default, os.path.join(tmp, "reference.so"))]
+        jobs = [BuildJob(done + k, c, ref_path if first and k == 0 else os.path.join(tmp, f"cand{done + k}.so"))
+                for k, c in enumerate(cfgs)]
+        extra = [] if ref_build is not None or first else [BuildJob(-1, default, ref_path)]
         builds = builder.build(extra + jobs)
-        if not have_ref:
+        if ref_build is None:
             # the untuned schedule's outputs are the reference every candidate must match
             ref_build = builds[0]
             if ref_build.status != "ok":
@@ -200,32 +205,42 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
             ref = runner.reference(ref_build)
             if ref.status != "ok":
                 raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not run: {ref.error}")
-            have_ref = True
             builds = builds[len(extra):]
-        results = runner.run(builds, best_s)
+        # the untuned schedule is timed before and after the batch: candidates are judged relative to it
+        before = runner.run([ref_build])[0].time_s
+        results = runner.run(builds, best_rel * before if best_rel and before else None)
+        after = runner.run([ref_build])[0].time_s
+        refs = [t for t in (before, after) if t]
+        ref_s = sum(refs) / len(refs) if refs else None
+        ref0 = ref0 or ref_s
         for b, r in zip(builds, results):
             rec = Record(wl.key, wl.target, threads, config_hash(b.config), b.config, r.status, r.time_s, b.trace,
-                         wl.names, {"loops": b.loop_features, "build_s": round(b.seconds, 3)}, r.error, wl.flops)
+                         wl.names, {"loops": b.loop_features, "build_s": round(b.seconds, 3)}, r.error, wl.flops,
+                         ref_time_s=ref_s)
             db.add(rec)
-            strategy.observe(b.config, r.time_s if r.status == "ok" else None)
+            strategy.observe(b.config, r.time_s if r.status == "ok" else None, ref_s)
             measured += 1
             failed += r.status != "ok"
             if r.status == "ok" and r.time_s is not None:
                 if first and b.trial == jobs[0].trial:
                     untuned = r.time_s
-                best_s = r.time_s if best_s is None else min(best_s, r.time_s)
+                rel = r.time_s / ref_s if ref_s else None
+                if rel is not None:
+                    best_rel = rel if best_rel is None else min(best_rel, rel)
             else:
                 log.info("tune: trial %d failed (%s): %s", b.trial, r.status, r.error.splitlines()[0] if r.error
                          else "")
-            curve.append(best_s if best_s is not None else math.inf)
-            if b.path and os.path.exists(b.path):
+            curve.append(best_rel * ref0 if best_rel is not None and ref0 else math.inf)
+            if b.path and b.path != ref_path and os.path.exists(b.path):
                 os.unlink(b.path)
         done += len(cfgs)
         first = False
         if show:
             eta = (time.monotonic() - start) / measured * (trials - done)
+            best_s = best_rel * ref_s if best_rel is not None and ref_s else None
             rate = f" ({wl.flops / best_s / 1e9:.1f} GFLOP/s)" if best_s and wl.flops else ""
-            best_txt = f"{best_s * 1e3:.3f} ms{rate}" if best_s else "none yet"
+            best_txt = f"{best_s * 1e3:.3f} ms{rate} (untuned now {ref_s * 1e3:.3f} ms)" if best_s and ref_s \
+                else "none yet"
             print(f"\r[cuvil tune {wl.key}] {done}/{trials} trials, best {best_txt}, {failed} failed, "
                   f"eta {eta:.0f} s   ", end="" if done < trials else "\n", file=sys.stderr, flush=True)
     return _result(db, wl, threads, measured, failed, curve, untuned)
@@ -238,5 +253,6 @@ def _result(db: Database, wl: Workload, threads: int, measured: int, failed: int
     if best is None:
         return TuneResult(None, None, "[]", {}, wl.key, wl.target, threads, measured, total, failed, untuned, curve)
     gf = wl.flops / best.time_s / 1e9 if wl.flops and best.time_s else None
+    rel = best.relative
     return TuneResult(best.time_s, gf, best.trace, best.config, wl.key, wl.target, threads, measured, total,
-                      failed, untuned, curve)
+                      failed, untuned, curve, 1.0 / rel if rel else None)

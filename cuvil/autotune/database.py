@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS records (
     config TEXT NOT NULL,
     status TEXT NOT NULL,
     time_s REAL,
+    ref_time_s REAL,
     trace TEXT NOT NULL DEFAULT '[]',
     names TEXT NOT NULL DEFAULT '{}',
     features TEXT NOT NULL DEFAULT '{}',
@@ -70,10 +71,18 @@ class Record:
     error: str = ""
     flops: float = 0.0
     created: float = 0.0
+    ref_time_s: float | None = None  # the untuned schedule's time, measured beside this candidate
 
     @property
     def ok(self) -> bool:
         return self.status == "ok" and self.time_s is not None
+
+    @property
+    def relative(self) -> float | None:
+        """Seconds relative to the untuned schedule timed in the same batch (the machine's load cancels)."""
+        if not self.ok:
+            return None
+        return self.time_s / self.ref_time_s if self.ref_time_s else None  # type: ignore[operator]
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -125,11 +134,11 @@ class Database:
             with self._transaction():
                 cur = self.conn.execute(
                     "INSERT OR IGNORE INTO records (workload, target, threads, config_hash, config, status, time_s,"
-                    " trace, names, features, error, flops, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    " trace, names, features, error, flops, created, ref_time_s) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (r.workload, r.target, int(r.threads), r.config_hash, json.dumps(r.config, sort_keys=True),
                      r.status, r.time_s, r.trace, json.dumps(r.names, sort_keys=True),
                      json.dumps(r.features, sort_keys=True), r.error[:4000], float(r.flops),
-                     r.created or time.time()))
+                     r.created or time.time(), r.ref_time_s))
             return cur.rowcount == 1
         except sqlite3.DatabaseError as exc:
             raise DatabaseError(f"cannot write to the tuning database {self.path!r}: {exc}") from None
@@ -149,11 +158,11 @@ class Database:
 
     # -- reading --------------------------------------------------------------------------
     _COLS = "workload, target, threads, config_hash, config, status, time_s, trace, names, features, error, " \
-            "flops, created"
+            "flops, created, ref_time_s"
 
     def _record(self, row: tuple[Any, ...]) -> Record:
-        w, t, th, h, cfg, st, ts, tr, nm, ft, err, fl, cr = row
-        return Record(w, t, th, h, json.loads(cfg), st, ts, tr, json.loads(nm), json.loads(ft), err, fl, cr)
+        w, t, th, h, cfg, st, ts, tr, nm, ft, err, fl, cr, ref = row
+        return Record(w, t, th, h, json.loads(cfg), st, ts, tr, json.loads(nm), json.loads(ft), err, fl, cr, ref)
 
     def records(self, workload: str | None = None, target: str | None = None,
                 threads: int | None = None) -> list[Record]:
@@ -167,12 +176,20 @@ class Database:
         return int(self.conn.execute(f"SELECT COUNT(*) FROM records{where}", params).fetchone()[0])
 
     def best(self, workload: str, target: str, threads: int | None = None) -> Record | None:
-        """The fastest correct record (any thread count when ``threads`` is None)."""
+        """The fastest correct record (any thread count when ``threads`` is None).
+
+        Records are compared by their time relative to the untuned schedule timed beside them, so a
+        candidate that happened to run while the machine was quiet does not win on luck; records
+        without that reference time compare by their own time, scaled by the median reference."""
         where, params = self._where(workload, target, threads)
-        row = self.conn.execute(
-            f"SELECT {self._COLS} FROM records{where} AND status='ok' AND time_s IS NOT NULL "
-            "ORDER BY time_s LIMIT 1", params).fetchone()
-        return self._record(row) if row else None
+        rows = self.conn.execute(f"SELECT {self._COLS} FROM records{where} AND status='ok' AND time_s IS NOT NULL",
+                                 params).fetchall()
+        recs = [self._record(r) for r in rows]
+        if not recs:
+            return None
+        refs = sorted(r.ref_time_s for r in recs if r.ref_time_s)
+        mid = refs[len(refs) // 2] if refs else 1.0
+        return min(recs, key=lambda r: (r.time_s / r.ref_time_s) if r.ref_time_s else r.time_s / mid)  # type: ignore
 
     def thread_counts(self, workload: str, target: str) -> list[int]:
         rows = self.conn.execute("SELECT DISTINCT threads FROM records WHERE workload=? AND target=? "

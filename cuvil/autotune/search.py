@@ -24,7 +24,7 @@ from cuvil.autotune.space import Config, Space, config_hash
 
 
 class Search:
-    """Base class: remembers what was measured (score = -log seconds; None = failed)."""
+    """Base class: remembers what was measured (score = -log relative seconds; None = failed)."""
 
     def __init__(self, space: Space, seed: int = 0):
         self.space = space
@@ -32,9 +32,11 @@ class Search:
         self.seen: set[str] = set()
         self.history: list[tuple[Config, float | None]] = []
 
-    def observe(self, cfg: Config, time_s: float | None) -> None:
+    def observe(self, cfg: Config, time_s: float | None, ref_s: float | None = None) -> None:
+        """A measured configuration; with ``ref_s`` (the untuned time in the same batch) its score is relative,
+        so batches measured while the machine was busy compare fairly with quiet ones."""
         self.seen.add(config_hash(cfg))
-        self.history.append((cfg, -math.log(time_s) if time_s else None))
+        self.history.append((cfg, -math.log(time_s / (ref_s or 1.0)) if time_s else None))
 
     def propose(self, n: int) -> list[Config]:
         raise NotImplementedError
