@@ -73,6 +73,12 @@ def test_database_best_count_resume_and_jsonl(tmp_path) -> None:
         assert db2.import_jsonl(tmp_path / "log.jsonl") == 4
         assert db2.import_jsonl(tmp_path / "log.jsonl") == 0
         assert db2.best("k", "tgt", 1).time_s == 1e-3
+    with Database(":memory:") as db:  # by time relative to the untuned schedule timed in the same batch
+        quiet, busy = _rec("r", 1, 1.5e-3), _rec("r", 2, 2e-3)
+        quiet.ref_time_s, busy.ref_time_s = 1.5e-3, 4e-3  # busy: the machine was loaded, yet 2x the untuned
+        db.add(quiet)
+        db.add(busy)
+        assert db.best("r", "tgt", 1).config == {"C": {"mr": 2}} and busy.relative == 0.5
     (tmp_path / "bad.jsonl").write_text('{"workload": "k"}\n')
     with pytest.raises(DatabaseError, match="bad.jsonl:1"):
         Database(":memory:").import_jsonl(tmp_path / "bad.jsonl")
