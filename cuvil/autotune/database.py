@@ -117,6 +117,7 @@ class Database:
             raise DatabaseError(f"cannot open the tuning database {self.path!r}: {exc}") from None
 
     def close(self) -> None:
+        """Close the connection (every record is committed already)."""
         self.conn.close()
 
     def __enter__(self) -> Database:
@@ -172,6 +173,7 @@ class Database:
         return [self._record(r) for r in rows]
 
     def count(self, workload: str, target: str, threads: int) -> int:
+        """Trials recorded for the workload, target and thread count (failed ones included)."""
         where, params = self._where(workload, target, threads)
         return int(self.conn.execute(f"SELECT COUNT(*) FROM records{where}", params).fetchone()[0])
 
@@ -192,6 +194,7 @@ class Database:
         return min(recs, key=lambda r: (r.time_s / r.ref_time_s) if r.ref_time_s else r.time_s / mid)  # type: ignore
 
     def thread_counts(self, workload: str, target: str) -> list[int]:
+        """The thread counts with a correct record of the workload for the target."""
         rows = self.conn.execute("SELECT DISTINCT threads FROM records WHERE workload=? AND target=? "
                                  "AND status='ok'", (workload, target)).fetchall()
         return sorted(int(r[0]) for r in rows)
