@@ -185,3 +185,26 @@ def test_isl_operation_bound_gives_a_clear_error(monkeypatch):
     # the bound is per lowering: many lowerings in one process keep working
     for _ in range(300):
         cuvil.lower(te.create_schedule(C), [A, B, C])
+
+
+def test_local_buffer_of_a_stage_computed_inside_an_attached_stage_is_indexed_from_zero():
+    """A.local is computed at a loop of C.local, which is computed at a loop of C: its batch
+    dimension equals C's, which isl's AST has no iterator for; the buffer is still indexed from 0."""
+    import numpy as np
+
+    A = te.placeholder((3, 4, 5), name="A")
+    B = te.placeholder((3, 5, 6), name="B")
+    k = te.reduce_axis((0, 5), "k")
+    C = te.compute((3, 4, 6), lambda b, i, j: te.sum(A[b, i, k] * B[b, k, j], axis=k), name="C")
+    s = te.create_schedule(C)
+    CL = s.cache_write(C, "local")
+    AL = s.cache_read(A, "local", [CL])
+    s[CL].compute_at(s[C], s[C].op.axis[2])
+    s[AL].compute_at(s[CL], s[CL].op.reduce_axis[0])
+    text = str(cuvil.lower(s, [A, B, C]))
+    assert "A.local[0, 0, 0] = A[b, i, k];" in text
+    m = cuvil.build(s, [A, B, C])
+    a, b = np.random.rand(3, 4, 5).astype(np.float32), np.random.rand(3, 5, 6).astype(np.float32)
+    c = np.zeros((3, 4, 6), np.float32)
+    m(a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5)

@@ -215,10 +215,7 @@ class GpuScheduler:
         computed in a ``cache_write`` stage at the block's loop (the CUDA code generator keeps a buffer
         whose elements each belong to one thread in that thread's registers), then copied out."""
         ops = self._operands(st)
-        if ops is None or len(st.op.reduce_axis) != 1 or len(st.op.axis) != 2:
-            # batched: a shared tile computed at the loop of a stage computed at another loop is indexed
-            # without its batch offset (astgen's local storage; see docs/cuda.md), so batches take the
-            # plain contraction strategy
+        if ops is None or len(st.op.reduce_axis) != 1:
             return False
         x, y = ops
         bm, ty, bn, tx, bk = self._tiles(st)

@@ -73,7 +73,7 @@ def plan_storage(model: PolyModel, tm: TimeMaps, intermediates: list[Any]) -> di
             region = r if region is None else region.union(r)
         if region is None or region.is_empty():
             continue
-        rmap = isl.Map.from_union_map(region)  # prefix -> element
+        rmap = _free_determined_dims(isl.Map.from_union_map(region))  # prefix -> element
         shape, lower = [], []
         ok = True
         for e in range(rmap.dim(isl.dim_type.out)):
@@ -120,6 +120,24 @@ def _loop_order(st: Any, ndim: int) -> tuple[int, ...]:
         inner.append((max(ks) if ks else -1, e))
     order = tuple(e for _, e in sorted(inner))
     return () if order == tuple(range(ndim)) else order
+
+
+def _free_determined_dims(rmap: isl.Map) -> isl.Map:
+    """``rmap`` with every prefix dimension that is a function of the earlier ones left unconstrained.
+
+    isl's AST has no iterator for such a dimension (it substitutes its value), so a lower bound must
+    not be written in terms of it: a shared tile computed at a loop of a stage that is itself
+    computed at a loop has a batch dimension equal to its consumer's.  The region is unchanged for
+    every prefix that occurs.
+    """
+    n = rmap.dim(isl.dim_type.in_)
+    dom = rmap.domain()
+    for k in range(n - 1, -1, -1):
+        upto = dom.project_out(isl.dim_type.set, k + 1, n - k - 1)  # dimensions 0 .. k
+        fn = isl.Map.from_domain(upto).move_dims(isl.dim_type.out, 0, isl.dim_type.in_, k, 1)
+        if fn.is_single_valued():
+            rmap = rmap.project_out(isl.dim_type.in_, k, 1).insert_dims(isl.dim_type.in_, k, 1)
+    return rmap
 
 
 def _pieces(pw: isl.PwAff) -> list[isl.Aff]:
