@@ -198,8 +198,9 @@ def _attr_key(v: Any) -> Any:
 
 def _node_key(ctx: NodeCtx, target: str) -> tuple:
     n = ctx.node
-    spec = tuple(None if e is None else (tuple(e.shape), e.dtype if isinstance(e, Runtime) else e.dtype.name)
-                 for e in ctx.entries)
+    # shape, dtype and whether the value is known at compile time (builders may branch on that)
+    spec = tuple(None if e is None else (tuple(e.shape), e.dtype, False) if isinstance(e, Runtime) else (
+        tuple(e.shape), e.dtype.name, True) for e in ctx.entries)
     values = tuple((i, _digest(np.asarray(ctx.entries[i]))) for i in sorted(ctx.value_reads))
     attrs = tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items()))
     return (target, n.op_type, ctx.opset, attrs, spec, values, len(n.outputs))

@@ -171,11 +171,13 @@ class NodeCtx:
         self._tensors[(i, shp)] = t
         return t
 
-    def constant(self, array: np.ndarray) -> Tensor:
-        """A compile-time table (index maps, weights) as a tensor of the kernel; its values key the kernel."""
+    def constant(self, array: np.ndarray, keyed: bool = True) -> Tensor:
+        """A compile-time array as a tensor of the kernel: a table whose values key the kernel (index
+        maps), or with ``keyed=False`` data the kernel only reads (weights in another layout)."""
         self.entries.append(np.require(array, requirements="C"))
         i = len(self.entries) - 1
-        self.value_reads.add(i)
+        if keyed:
+            self.value_reads.add(i)
         t = te.placeholder(array.shape, dtype=array.dtype.name, name=f"in{i}")
         self.placeholders.append((i, t))
         self._tensors[(i, t_shape(t))] = t

@@ -73,6 +73,8 @@ def conv(ctx: NodeCtx) -> list:
     if xs[1] != ws[1] * g or ws[0] % g:
         raise ctx.error(f"{xs[1]} input channels do not fit weights {list(ws)} with group={g}")
     strides, dil, begin, out = _window(ctx, xs[2:], kernel)
+    if g == 1 and all(k == 1 for k in kernel) and tuple(out) == xs[2:] and not any(begin):
+        return [_pointwise_conv(ctx, xs, ws)]
     X, W = ctx.tensor(0), ctx.tensor(1)
     padded = [(begin[d], max(0, (out[d] - 1) * strides[d] + dil[d] * (kernel[d] - 1) + 1 - begin[d] - xs[2 + d]))
               for d in range(n_sp)]
@@ -104,12 +106,38 @@ def conv(ctx: NodeCtx) -> list:
     return [y]
 
 
+def _pointwise_conv(ctx: NodeCtx, xs: tuple[int, ...], ws: tuple[int, ...]) -> Shaped:
+    """A 1x1 convolution with stride 1 and no padding is a matmul over the flattened pixels:
+    ``Y[n, m, p] = sum_c W[m, c] * X[n, c, p]`` (2-D for one image)."""
+    n, c, m, p = xs[0], xs[1], ws[0], math.prod(xs[2:])
+    W = ctx.tensor(1, (m, c))
+    b = ctx.tensor(2) if ctx.has(2) else None
+    rc = te.reduce_axis((0, c), name="rc")
+    if n == 1:
+        X = ctx.tensor(0, (c, p))
+        y = te.compute((m, p), lambda f, q: te.sum(W[f, rc] * X[rc, q], axis=rc), name="conv1x1")
+        if b is not None:
+            y = te.compute((m, p), lambda f, q: y[f, q] + b[f], name="conv_bias")
+    else:
+        X = ctx.tensor(0, (n, c, p))
+        y = te.compute((n, m, p), lambda i, f, q: te.sum(W[f, rc] * X[i, rc, q], axis=rc), name="conv1x1")
+        if b is not None:
+            y = te.compute((n, m, p), lambda i, f, q: y[i, f, q] + b[f], name="conv_bias")
+    return Shaped(y, (n, m) + xs[2:])
+
+
 @op("Gemm")
 def gemm(ctx: NodeCtx) -> list:
-    A, B = ctx.tensor(0), ctx.tensor(1)
     ta, tb = int(ctx.attr("transA", 0)), int(ctx.attr("transB", 0))
+    A = ctx.tensor(0)
+    if tb and ctx.known(1) and len(ctx.shape(1)) == 2:
+        # constant weights are transposed at compile time: B[k, j] reads the columns with unit stride
+        B, tb = ctx.constant(np.ascontiguousarray(ctx.entries[1].T), keyed=False), 0
+        b_shape = ctx.shape(1)[::-1]
+    else:
+        B, b_shape = ctx.tensor(1), ctx.shape(1)
     alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
-    (m, ka), (kb, n) = ctx.shape(0)[::-1] if ta else ctx.shape(0), ctx.shape(1)[::-1] if tb else ctx.shape(1)
+    (m, ka), (kb, n) = ctx.shape(0)[::-1] if ta else ctx.shape(0), b_shape[::-1] if tb else b_shape
     if ka != kb:
         raise ctx.error(f"A {list(ctx.shape(0))} (transA={ta}) and B {list(ctx.shape(1))} (transB={tb}) do not "
                         "multiply")
