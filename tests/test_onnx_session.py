@@ -164,3 +164,18 @@ def test_import_cuvil_does_not_import_onnx():
 
     code = "import sys, cuvil, cuvil.te; assert 'onnx' not in sys.modules and 'onnxruntime' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_external_data_model_loads(tmp_path):
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((64, 32)).astype(np.float32)
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])],
+               [onnx.numpy_helper.from_array(w, "w")])
+    path = tmp_path / "ext.onnx"
+    onnx.save_model(m, str(path), save_as_external_data=True, location="ext.bin", size_threshold=0)
+    assert (tmp_path / "ext.bin").exists()
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    (y,) = connx.InferenceSession(str(path)).run(None, {"x": x})
+    np.testing.assert_allclose(y, x @ w, rtol=1e-4, atol=1e-5)
