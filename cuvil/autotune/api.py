@@ -180,7 +180,7 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
     measured = failed = 0
     curve: list[float] = []
     untuned: float | None = None
-    ref0: float | None = None  # the untuned time in this run's first batch: the curve's scale
+    ref0: float | None = None  # the untuned time beside this run's first candidate: the curve's scale
     first = config_hash(default) not in strategy.seen  # a fresh run: the untuned schedule is trial 0
     ref_build = None
     ref_path = os.path.join(tmp, "reference.so")
@@ -206,14 +206,10 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
             if ref.status != "ok":
                 raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not run: {ref.error}")
             builds = builds[len(extra):]
-        # the untuned schedule is timed before and after the batch: candidates are judged relative to it
-        before = runner.run([ref_build])[0].time_s
-        results = runner.run(builds, best_rel * before if best_rel and before else None)
-        after = runner.run([ref_build])[0].time_s
-        refs = [t for t in (before, after) if t]
-        ref_s = sum(refs) / len(refs) if refs else None
-        ref0 = ref0 or ref_s
+        results = runner.run(builds, best_rel)  # each timed in turns with the untuned schedule
         for b, r in zip(builds, results):
+            ref_s = r.ref_time_s
+            ref0 = ref0 or ref_s
             rec = Record(wl.key, wl.target, threads, config_hash(b.config), b.config, r.status, r.time_s, b.trace,
                          wl.names, {"loops": b.loop_features, "build_s": round(b.seconds, 3)}, r.error, wl.flops,
                          ref_time_s=ref_s)
@@ -237,9 +233,9 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
         first = False
         if show:
             eta = (time.monotonic() - start) / measured * (trials - done)
-            best_s = best_rel * ref_s if best_rel is not None and ref_s else None
+            best_s = best_rel * ref0 if best_rel is not None and ref0 else None
             rate = f" ({wl.flops / best_s / 1e9:.1f} GFLOP/s)" if best_s and wl.flops else ""
-            best_txt = f"{best_s * 1e3:.3f} ms{rate} (untuned now {ref_s * 1e3:.3f} ms)" if best_s and ref_s \
+            best_txt = f"{best_s * 1e3:.3f} ms{rate}, {1 / best_rel:.2f}x the untuned" if best_s and best_rel \
                 else "none yet"
             print(f"\r[cuvil tune {wl.key}] {done}/{trials} trials, best {best_txt}, {failed} failed, "
                   f"eta {eta:.0f} s   ", end="" if done < trials else "\n", file=sys.stderr, flush=True)

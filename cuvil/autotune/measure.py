@@ -58,6 +58,7 @@ class RunResult:
     status: str  # "ok" | "run_error" | "run_timeout" | "run_crash" | "wrong"
     time_s: float | None = None
     error: str = ""
+    ref_time_s: float | None = None  # the untuned schedule's time, timed in turns with the candidate
 
 
 class Builder(Protocol):
@@ -68,7 +69,7 @@ class Builder(Protocol):
 class Runner(Protocol):
     def set_inputs(self, inputs: Sequence[Any], outputs: Sequence[tuple[tuple[int, ...], str]]) -> None: ...
     def reference(self, build: BuildResult) -> RunResult: ...
-    def run(self, builds: Sequence[BuildResult], best_s: float | None = None) -> list[RunResult]: ...
+    def run(self, builds: Sequence[BuildResult], best_rel: float | None = None) -> list[RunResult]: ...
     def close(self) -> None: ...
 
 
@@ -183,6 +184,8 @@ def _runner_main(conn: Connection, threads: int, flush_bytes: int, call_fn: Call
     inputs: list[Any] = []
     specs: list[tuple[tuple[int, ...], str]] = []
     ref: list[np.ndarray] | None = None
+    ref_mod: Any = None
+    ref_arrays: list[Any] = []
     while True:
         try:
             msg = conn.recv()
@@ -193,7 +196,9 @@ def _runner_main(conn: Connection, threads: int, flush_bytes: int, call_fn: Call
         kind = msg[0]
         try:
             if kind == "inputs":
-                _, inputs, specs, ref = msg
+                _, inputs, specs, ref, ref_path = msg
+                ref_mod = load(ref_path) if ref_path else None
+                ref_arrays = [*inputs, *[np.empty(shape, dtype=dt) for shape, dt in specs]]
                 conn.send(("ok", None, ""))
                 continue
             _, path, trial, opts = msg
@@ -208,7 +213,8 @@ def _runner_main(conn: Connection, threads: int, flush_bytes: int, call_fn: Call
             if err:
                 conn.send(("wrong", None, err))
                 continue
-            conn.send(("ok", _time(mod, arrays, trial, call_fn, flush, opts), ""))
+            pair = (ref_mod, ref_arrays) if ref_mod is not None else None
+            conn.send(("ok", _time(mod, arrays, trial, call_fn, flush, opts, pair), ""))
         except Exception as exc:
             conn.send(("error", None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
 
@@ -232,27 +238,40 @@ def _mismatch(outs: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> str:
 
 
 def _time(mod: Any, arrays: list[Any], trial: int, call_fn: Callable[..., Any], flush: np.ndarray,
-          opts: dict[str, Any]) -> float:
-    """Median seconds per call: after the checked call (the warm-up), ``repeat`` runs of ``number`` calls,
-    each run after a cache flush; a candidate far slower than the best so far gets fewer runs."""
-    t0 = time.perf_counter()
-    call_fn(mod, arrays, trial)
-    first = time.perf_counter() - t0
-    number = max(1, min(1000, int(opts.get("min_run_s", 0.01) / max(first, 1e-9))))
-    repeat = int(opts.get("repeat", 5))
-    best = opts.get("best_s")
-    if best is not None and first > 3.0 * best:
-        repeat = min(repeat, 2)  # clearly worse: a rough time is enough
-    budget = float(opts.get("budget_s", 2.0))
-    repeat = max(1, min(repeat, int(budget / max(first * number, 1e-9))))
-    runs = []
-    for _ in range(repeat):
-        flush += 1.0  # touch a buffer larger than the last-level cache
+          opts: dict[str, Any], ref: tuple[Any, list[Any]] | None = None) -> tuple[float, float | None]:
+    """Median seconds per call, and the median ratio to the reference (the untuned schedule) timed in turns.
+
+    After the checked call (the warm-up), ``repeat`` rounds: each round flushes the caches (writes a buffer
+    larger than the last-level cache) and times ``number`` calls of the reference, then flushes and times the
+    candidate.  The ratio of each round compares the two under the same load, which on a shared machine
+    changes faster than a batch; a candidate far slower than the best so far gets two rounds."""
+
+    def run(m: Any, a: list[Any], t: int, n: int) -> float:
+        flush.__iadd__(1.0)
         t0 = time.perf_counter()
-        for _ in range(number):
-            call_fn(mod, arrays, trial)
-        runs.append((time.perf_counter() - t0) / number)
-    return float(np.median(runs))
+        for _ in range(n):
+            call_fn(m, a, t)
+        return (time.perf_counter() - t0) / n
+
+    first = run(mod, arrays, trial, 1)
+    ref_first = run(ref[0], ref[1], -1, 1) if ref is not None else None
+    min_run = float(opts.get("min_run_s", 0.01))
+    number = max(1, min(1000, int(min_run / max(first, 1e-9))))
+    ref_number = max(1, min(1000, int(min_run / max(ref_first, 1e-9)))) if ref_first else 0
+    repeat = int(opts.get("repeat", 5))
+    best = opts.get("best_rel")
+    if best is not None and ref_first and first / ref_first > 3.0 * best:
+        repeat = min(repeat, 2)  # clearly worse: a rough time is enough
+    per_round = first * number + (ref_first or 0.0) * ref_number
+    repeat = max(1, min(repeat, int(float(opts.get("budget_s", 2.0)) / max(per_round, 1e-9))))
+    times, ratios = [], []
+    for _ in range(repeat):
+        r = run(ref[0], ref[1], -1, ref_number) if ref is not None else None
+        t = run(mod, arrays, trial, number)
+        times.append(t)
+        if r:
+            ratios.append(t / r)
+    return float(np.median(times)), (float(np.median(ratios)) if ratios else None)
 
 
 def _cores() -> int:
@@ -388,6 +407,7 @@ class LocalRunner:
         self.inputs: list[Any] = []
         self.specs: list[tuple[tuple[int, ...], str]] = []
         self.ref: list[np.ndarray] | None = None
+        self.ref_path = ""
         self._acks = 0  # replies to "inputs" messages not read yet
 
     def set_inputs(self, inputs: Sequence[Any], outputs: Sequence[tuple[tuple[int, ...], str]]) -> None:
@@ -405,7 +425,7 @@ class LocalRunner:
         return conn
 
     def _send_inputs(self, conn: Connection) -> None:
-        conn.send(("inputs", self.inputs, self.specs, self.ref))
+        conn.send(("inputs", self.inputs, self.specs, self.ref, self.ref_path))
         self._acks += 1
 
     def _ask(self, msg: tuple[Any, ...]) -> tuple[str, Any, str]:
@@ -433,25 +453,32 @@ class LocalRunner:
         return {"ok": "ok", "wrong": "wrong"}.get(status, "run_error"), value, err
 
     def reference(self, build: BuildResult) -> RunResult:
-        """Run the untuned build once; its outputs become the reference every candidate must match."""
+        """Run the untuned build once; its outputs become the reference every candidate must match, and
+        every candidate is timed in turns with it (its library must stay at ``build.path``)."""
         status, value, err = self._ask(("reference", build.path, build.trial, {}))
         if status == "ok":
-            self.ref = value
+            self.ref, self.ref_path = value, build.path
             self._send_inputs(self._start())
         return RunResult(status, None, err)
 
-    def run(self, builds: Sequence[BuildResult], best_s: float | None = None) -> list[RunResult]:
+    def run(self, builds: Sequence[BuildResult], best_rel: float | None = None) -> list[RunResult]:
+        """Check and time each build; ``best_rel`` (the best time relative to the untuned one so far) lets a
+        clearly slower candidate off with fewer rounds."""
         out = []
         for b in builds:
             if b.status != "ok":
                 out.append(RunResult(b.status, None, b.error))
                 continue
-            opts = {"repeat": self.repeat, "min_run_s": self.min_run_s, "best_s": best_s,
+            opts = {"repeat": self.repeat, "min_run_s": self.min_run_s, "best_rel": best_rel,
                     "budget_s": max(0.5, self.timeout_s / 3)}
             status, value, err = self._ask(("run", b.path, b.trial, opts))
-            out.append(RunResult(status, value if status == "ok" else None, err))
-            if status == "ok" and value is not None and (best_s is None or value < best_s):
-                best_s = value
+            if status != "ok":
+                out.append(RunResult(status, None, err))
+                continue
+            t, ratio = value
+            out.append(RunResult(status, t, err, t / ratio if ratio else None))
+            if ratio and (best_rel is None or ratio < best_rel):
+                best_rel = ratio
         return out
 
     def close(self) -> None:
