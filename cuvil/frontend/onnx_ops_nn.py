@@ -215,19 +215,50 @@ def _matmul_view(ctx: NodeCtx, a_s: tuple[int, ...], b_s: tuple[int, ...], out: 
 @op("BatchNormalization")
 def batch_norm(ctx: NodeCtx) -> list:
     _float_input(ctx)
-    if int(ctx.attr("training_mode", 0)) or (ctx.opset < 9 and len(ctx.node.outputs) > 1 and ctx.node.outputs[1]):
-        raise ctx.unsupported("training mode (batch statistics) is not supported; cuvil compiles inference")
+    training = int(ctx.attr("training_mode", 0))
+    if not training and ctx.opset < 14 and len(ctx.node.outputs) > 1 and any(ctx.node.outputs[1:]):
+        raise ctx.unsupported("the training outputs of opsets before 14 are not supported")
     eps = float(ctx.attr("epsilon", 1e-5))
     xs = ctx.shape(0)
     shp = xs[:2] + (math.prod(xs[2:]),) if len(xs) > 2 else xs
     X = ctx.tensor(0, shp)
     s, b, mean, var = (ctx.tensor(i) for i in range(1, 5))
+    if training:
+        return _batch_norm_training(ctx, X, shp, xs, s, b, mean, var, eps)
 
     def body(*i: Any) -> Any:
         c = i[1] if len(shp) > 1 else 0
         return (X[i] - mean[c]) / te.sqrt(var[c] + eps) * s[c] + b[c]
 
     return [Shaped(te.compute(shp, body, name="batchnorm"), xs)]
+
+
+def _batch_norm_training(ctx: NodeCtx, X: Tensor, shp: tuple[int, ...], xs: tuple[int, ...], s: Tensor, b: Tensor,
+                         run_mean: Tensor, run_var: Tensor, eps: float) -> list:
+    """Batch statistics (population variance) normalise; the running statistics move by ``momentum``."""
+    momentum = float(ctx.attr("momentum", 0.9))
+    count = math.prod(shp) // shp[1]
+    red = [0] + ([2] if len(shp) > 2 else [])
+    total = _reduce_keep(X, shp, red, "sum", name="bsum")
+    mean = te.compute((shp[1],), lambda c: total[(0, c) + (0,) * (len(shp) - 2)] * (1.0 / count), name="bmean")
+
+    def dev(*i: Any) -> Any:
+        d = X[i] - mean[i[1]]
+        return d * d
+
+    d2 = te.compute(shp, dev, name="bdev2")
+    sq = _reduce_keep(d2, shp, red, "sum", name="bvar")
+    var = te.compute((shp[1],), lambda c: sq[(0, c) + (0,) * (len(shp) - 2)] * (1.0 / count), name="bvar_c")
+    y = te.compute(shp, lambda *i: (X[i] - mean[i[1]]) / te.sqrt(var[i[1]] + eps) * s[i[1]] + b[i[1]],
+                   name="batchnorm")
+    outs: list = [Shaped(y, xs)]
+    if len(ctx.node.outputs) > 1:
+        outs.append(te.compute((shp[1],), lambda c: run_mean[c] * momentum + mean[c] * (1 - momentum),
+                               name="running_mean"))
+    if len(ctx.node.outputs) > 2:
+        outs.append(te.compute((shp[1],), lambda c: run_var[c] * momentum + var[c] * (1 - momentum),
+                               name="running_var"))
+    return outs
 
 
 def _pool(ctx: NodeCtx, kind: str) -> list:
@@ -253,8 +284,11 @@ def _pool(ctx: NodeCtx, kind: str) -> list:
     zeros, sizes = [0] * n_sp, list(xs[2:])
     if kind == "max":
         low = min_value(X.dtype)
-        return [te.compute(shape, lambda n, c, *sp: te.max(
-            te.if_then_else(inside(sp, zeros, sizes), read(n, c, sp), low), axis=rk), name="maxpool")]
+        y = te.compute(shape, lambda n, c, *sp: te.max(
+            te.if_then_else(inside(sp, zeros, sizes), read(n, c, sp), low), axis=rk), name="maxpool")
+        if len(ctx.node.outputs) < 2 or not ctx.node.outputs[1]:
+            return [y]
+        return [y, _argmax_indices(ctx, X, y, xs, kernel, strides, dil, begin, shape)]
     total = te.compute(shape, lambda n, c, *sp: te.sum(
         te.if_then_else(inside(sp, zeros, sizes), read(n, c, sp), te.const(0, X.dtype)), axis=rk), name="pool_sum")
     if int(ctx.attr("count_include_pad", 0)):
@@ -274,10 +308,44 @@ def _pool(ctx: NodeCtx, kind: str) -> list:
     return [te.compute(shape, lambda n, c, *sp: total[(n, c) + sp] / count[sp], name="avgpool")]
 
 
+def _argmax_indices(ctx: NodeCtx, X: Tensor, y: Tensor, xs: tuple[int, ...], kernel: list[int], strides: list[int],
+                    dil: list[int], begin: list[int], shape: tuple[int, ...]) -> Tensor:
+    """MaxPool's Indices: the first window position (row-major) holding the maximum, as an index into the
+    flattened input (row-major, or column-major over the spatial axes with storage_order=1)."""
+    n_sp = len(kernel)
+    rk = [te.reduce_axis((0, kernel[d]), name=f"ri{d}") for d in range(n_sp)]
+    big = te.const(math.prod(kernel), "int64")
+
+    def first(n: Any, c: Any, *sp: Any) -> Any:
+        p = [sp[d] * strides[d] - begin[d] + rk[d] * dil[d] for d in range(n_sp)]
+        ok = te.all(*[x for d in range(n_sp) for x in (p[d] >= 0, p[d] < xs[2 + d])])
+        hit = te.if_then_else(ok, X[(n, c) + tuple(p)] == y[(n, c) + sp], te.const(False))
+        k = te.const(0, "int64")
+        for d in range(n_sp):
+            k = k * kernel[d] + te.cast(rk[d], "int64")
+        return te.min(te.if_then_else(hit, k, big), axis=rk)
+
+    win = te.compute(shape, first, name="argwin")
+    col_major = int(ctx.attr("storage_order", 0)) == 1
+
+    def index(n: Any, c: Any, *sp: Any) -> Any:
+        k = win[(n, c) + sp]
+        coords = []
+        for d in reversed(range(n_sp)):
+            coords.append(te.cast(sp[d], "int64") * strides[d] - begin[d] + (k % kernel[d]) * dil[d])
+            k = k // kernel[d]
+        coords = coords[::-1]
+        order = list(reversed(range(n_sp))) if col_major else list(range(n_sp))
+        flat = te.cast(n, "int64") * xs[1] + te.cast(c, "int64")
+        for d in order:
+            flat = flat * xs[2 + d] + coords[d]
+        return flat
+
+    return te.compute(shape, index, name="maxpool_indices")
+
+
 @op("MaxPool")
 def max_pool(ctx: NodeCtx) -> list:
-    if len(ctx.node.outputs) > 1 and ctx.node.outputs[1]:
-        raise ctx.unsupported("the Indices output is not supported")
     return _pool(ctx, "max")
 
 
