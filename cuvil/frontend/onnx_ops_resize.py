@@ -19,25 +19,26 @@ from cuvil.frontend.onnx_ops import NodeCtx, op
 
 
 def _source_coords(mode: str, out_len: int, in_len: int, scale: float, roi: tuple[float, float]) -> np.ndarray:
-    """Each output position's coordinate in the input (ONNX's coordinate_transformation_mode)."""
+    """Each output position's coordinate in the input (ONNX's coordinate_transformation_mode).  As the
+    specification writes them, the formulas use the real-valued output length ``scale * in_len``."""
     x = np.arange(out_len, dtype=np.float64)
+    out_w = scale * in_len
     if mode == "half_pixel":
         return (x + 0.5) / scale - 0.5
     if mode == "half_pixel_symmetric":
-        adj = out_len / (scale * in_len)
-        offset = in_len / 2 * (1 - adj)
+        offset = in_len / 2 * (1 - out_len / out_w)
         return offset + (x + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
-        return (x + 0.5) / scale - 0.5 if out_len > 1 else np.zeros_like(x)
+        return (x + 0.5) / scale - 0.5 if out_w != 1 else np.full_like(x, -0.5)
     if mode == "align_corners":
-        return x * (in_len - 1) / (out_len - 1) if out_len > 1 else np.zeros_like(x)
+        return x * (in_len - 1) / (out_w - 1) if out_w != 1 else np.zeros_like(x)
     if mode == "asymmetric":
         return x / scale
     if mode == "tf_crop_and_resize":
         start, end = roi
-        if out_len > 1:
-            return start * (in_len - 1) + x * (end - start) * (in_len - 1) / (out_len - 1)
-        return np.full_like(x, 0.5 * (start + end) * (in_len - 1))
+        if out_w != 1:
+            return start * (in_len - 1) + x * (end - start) * (in_len - 1) / (out_w - 1)
+        return np.full_like(x, start * (in_len - 1) + (end - start) * (in_len - 1) / 2)
     raise ValueError(mode)
 
 
@@ -51,30 +52,47 @@ def _nearest(x: np.ndarray, mode: str) -> np.ndarray:
     return np.ceil(x - 0.5)  # round_prefer_floor
 
 
-def _cubic(t: np.ndarray, a: float) -> np.ndarray:
-    d = np.stack([t + 1, t, 1 - t, 2 - t], axis=-1)
-    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+def _cubic_kernel(d: np.ndarray, a: float) -> np.ndarray:
+    """Keys' cubic convolution kernel with parameter ``a`` (0 beyond distance 2)."""
+    d = np.abs(d)
     near = ((a + 2) * d - (a + 3)) * d * d + 1
-    return np.where(np.abs(d) <= 1, near, far)
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
 
 
-def _tables(ctx: NodeCtx, mode: str, coord: str, nearest: str, out_len: int, in_len: int, scale: float,
-            roi: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _coefficients(mode: str, r: np.ndarray, scale: float, antialias: bool, a: float) -> np.ndarray:
+    """Interpolation weights [out, K] for the fractional positions ``r`` in (0, 1] (K taps around each).
+
+    Without antialiasing, linear uses the 2 taps ``(1 - r, r)`` and cubic the 4 taps of Keys' kernel at
+    distances ``r + 1, r, 1 - r, 2 - r``.  With antialiasing (downsampling), the kernel is stretched by
+    ``1 / scale``: more taps, each weighted by the kernel at ``scale * distance``, normalised to sum 1."""
+    s = min(scale, 1.0) if antialias else 1.0
+    if mode == "linear":
+        start = int(np.floor(-1 / s) + 1)
+        offsets = np.arange(start, 2 - start)
+        w = np.clip(1 - np.abs((offsets[None, :] - r[:, None]) * s), 0, 1)
+    else:
+        start = int(np.floor(-2 / s) + 1)
+        offsets = np.arange(start, 2 - start)
+        w = _cubic_kernel((offsets[None, :] - r[:, None]) * s, a)
+    return w / w.sum(axis=-1, keepdims=True)
+
+
+def _tables(ctx: NodeCtx, mode: str, coord: str, nearest: str, antialias: bool, out_len: int, in_len: int,
+            scale: float, roi: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Index table [out, K], weight table [out, K] and an inside mask [out] for one axis."""
     x = _source_coords(coord, out_len, in_len, scale, roi)
     inside = (x >= 0) & (x <= in_len - 1) if coord == "tf_crop_and_resize" else np.ones(out_len, bool)
     if mode == "nearest":
         idx = _nearest(x, nearest)[:, None]
         w = np.ones_like(idx)
-    elif mode == "linear":
-        base = np.floor(x)
-        idx = np.stack([base, base + 1], axis=-1)
-        t = (x - base)[:, None]
-        w = np.concatenate([1 - t, t], axis=-1)
     else:
         base = np.floor(x)
-        idx = base[:, None] + np.arange(-1, 3)[None, :]
-        w = _cubic(x - base, float(ctx.attr("cubic_coeff_a", -0.75)))
+        r = x - base
+        r[r == 0] = 1.0  # an exact position is the right end of the interval to its left
+        w = _coefficients(mode, r, scale, antialias, float(ctx.attr("cubic_coeff_a", -0.75)))
+        k = w.shape[1]
+        idx = np.ceil(x - k / 2)[:, None] + np.arange(k)[None, :]  # the k inputs nearest x, ties to the left
         if int(ctx.attr("exclude_outside", 0)):
             w = np.where((idx >= 0) & (idx <= in_len - 1), w, 0.0)
             w = w / w.sum(axis=-1, keepdims=True)
@@ -92,8 +110,7 @@ def resize(ctx: NodeCtx) -> list:
         raise ctx.unsupported(f"mode {mode!r}")
     mode = "linear" if mode == "bilinear" else mode
     old = ctx.node.op_type == "Upsample" or ctx.opset < 11
-    if int(ctx.attr("antialias", 0)):
-        raise ctx.unsupported("antialias=1")
+    antialias = bool(int(ctx.attr("antialias", 0))) and mode != "nearest"
     if old:
         coord = "asymmetric"
         scales_in = 1 if ctx.node.op_type == "Resize" or ctx.opset >= 9 else None
@@ -146,7 +163,7 @@ def resize(ctx: NodeCtx) -> list:
         if identity:
             per_axis.append(None)
             continue
-        idx, w, inside = _tables(ctx, mode, coord, nearest, out[d], xs[d], scale[d], roi_full[d])
+        idx, w, inside = _tables(ctx, mode, coord, nearest, antialias, out[d], xs[d], scale[d], roi_full[d])
         wt = w.astype(np.float64 if dtype == "float64" else np.float32)
         mask = ctx.constant(inside) if not inside.all() else None
         per_axis.append((ctx.constant(idx), ctx.constant(wt), idx.shape[1], mask))
