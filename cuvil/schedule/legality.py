@@ -158,10 +158,13 @@ def _dependences(ev_reads: isl.UnionMap, ev_writes: isl.UnionMap, ev_sched: isl.
     }
 
 
-def _private(model: PolyModel, storage: dict[int, LocalStorage], d: int) -> isl.UnionSet | None:
+def _private(model: PolyModel, tm: TimeMaps, storage: dict[int, LocalStorage], d: int) -> isl.UnionSet | None:
     """Elements of the stages stored per iteration of time dimension ``d`` or a loop inside it: each
-    iteration of loop ``d`` has its own buffer for them, so they carry nothing between iterations."""
-    parts = [s.writes.range() for ls in storage.values() if ls.dim >= d
+    iteration of loop ``d`` has its own buffer for them, so they carry nothing between iterations.
+
+    Only where isl generates the storage loop: a time dimension that earlier ones determine gets no
+    loop of its own, and its stage keeps a whole buffer (shared by all iterations)."""
+    parts = [s.writes.range() for ls in storage.values() if ls.dim >= d and _has_loop(model, tm, ls)
              for s in model.statements if s.stage is ls.stage]
     if not parts:
         return None
@@ -169,6 +172,23 @@ def _private(model: PolyModel, storage: dict[int, LocalStorage], d: int) -> isl.
     for p in parts[1:]:
         out = out.union(p)
     return out
+
+
+def _has_loop(model: PolyModel, tm: TimeMaps, ls: LocalStorage) -> bool:
+    """Time dimension ``ls.dim`` takes several values for some values of the dimensions before it, so
+    isl generates a loop for it (where the storage is placed); a dimension with one value there (a
+    constant, or an expression of the outer dimensions) may get no loop, and then no storage of its own."""
+    n = ls.dim + 1
+    prefix = None
+    for s in model.statements:
+        if s.stage is ls.stage:
+            p = tm.maps[s.name].range()
+            p = p.project_out(isl.dim_type.set, n, p.dim(isl.dim_type.set) - n)
+            prefix = p if prefix is None else prefix.union(p)
+    if prefix is None:
+        return False
+    fn = isl.Map.from_domain(prefix).move_dims(isl.dim_type.out, 0, isl.dim_type.in_, ls.dim, 1)
+    return not fn.is_single_valued()
 
 
 def _check_parallel(sched: Any, model: PolyModel, tm: TimeMaps, ev_reads: isl.UnionMap, ev_writes: isl.UnionMap,
@@ -188,7 +208,7 @@ def _check_parallel(sched: Any, model: PolyModel, tm: TimeMaps, ev_reads: isl.Un
         d = next((x for x in dims if x is not None), None)
         if d is None:
             continue
-        private = _private(model, storage or {}, d)
+        private = _private(model, tm, storage or {}, d)
         key = sum(1 for ls in (storage or {}).values() if ls.dim >= d)
         if key not in cache:
             cache[key] = _dependences(ev_reads, ev_writes, ev_sched, private)
