@@ -386,3 +386,23 @@ def test_deferred_checks_prove_the_result_once_and_undo_a_refusal():
         s[C].reorder(k, j)
         s[C].vectorize(j)
     _run_mm(s, A, B, C)
+
+
+def test_parallel_loop_over_a_per_iteration_buffer():
+    """B is recomputed in every iteration of C's parallel loop i, into a buffer of that iteration:
+    the writes of B[k] in different iterations are to different buffers, so i carries nothing."""
+    X = te.placeholder((32,), name="X")
+    Y = te.placeholder((64, 32), name="Y")
+    B = te.compute((32,), lambda k: X[k] * 2, name="B")
+    k = te.reduce_axis((0, 32), "k")
+    C = te.compute((64,), lambda i: te.sum(B[k] * Y[i, k], axis=k), name="C")
+    s = te.create_schedule(C)
+    s[B].compute_at(s[C], s[C].op.axis[0])
+    s[C].parallel(s[C].op.axis[0])
+    text = str(cuvil.lower(s, [X, Y, C]))
+    assert "parallel for (i" in text and "local float32 B[32]" in text
+    m = cuvil.build(s, [X, Y, C])
+    x, y = np.random.rand(32).astype(np.float32), np.random.rand(64, 32).astype(np.float32)
+    c = np.zeros(64, np.float32)
+    m(x, y, c)
+    np.testing.assert_allclose(c, y @ (2 * x), rtol=1e-5)
