@@ -5,8 +5,8 @@
   (mutations of one or two knobs, crossovers) and fresh random ones, ranked by the cost
   model (:class:`cuvil.autotune.model.BoostedTrees` on :meth:`Space.features`), which is
   refitted on every measurement after each batch; a quarter of each batch (at least one)
-  is random, so the model also learns where it is wrong.  Before the model has data it
-  explores around the untuned configuration (the first trial).
+  is random, so the model also learns where it is wrong.  Before the model has four correct
+  measurements, candidates are ranked by the space's prior score (:meth:`Space.prior`).
 
 Both see every earlier record of the workload (:meth:`Search.observe`), so a resumed
 run neither repeats a configuration nor forgets what it learnt.
@@ -103,14 +103,18 @@ class EvolutionarySearch(Search):
         taken: set[str] = set()
         n_explore = max(1, int(round(n * self.explore))) if n > 1 else 0
         if not self._fit():
-            # no model yet: neighbours of the best so far (the untuned choice first), and random points
-            parents = self._best_measured(4)
+            # no model yet: the best configurations by the prior score (and random ones)
+            pool = self.space.enumerate(4096) or [self.space.sample(self.rng) for _ in range(self.population * 4)]
+            pool += [self.space.mutate(c, self.rng) for c in self._best_measured(4) for _ in range(8)]
+            ranked = sorted(pool, key=self.space.prior, reverse=True)
             out: list[Config] = []
-            for _ in range(40 * n):
+            looks: set[float] = set()  # one configuration per prior value (the prior ignores some knobs)
+            for c in ranked:
                 if len(out) >= n - n_explore:
                     break
-                c = self.space.mutate(self.rng.choice(parents), self.rng, self.rng.choice((1, 1, 2)))
-                if self._fresh(c, taken):
+                look = round(self.space.prior(c), 9)
+                if look not in looks and self._fresh(c, taken):
+                    looks.add(look)
                     out.append(c)
             return out + self._random(n - len(out), taken)
         pool: dict[str, Config] = {}

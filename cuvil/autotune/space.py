@@ -13,7 +13,9 @@ itself, spelled out, so the first trial of every tuning run is the untuned sched
 building it (a build costs as much as a measurement): register-tile shape and register
 pressure, work per load, wasted tail iterations and vector lanes, how evenly the
 parallel tiles split over the threads, the bytes a packed panel and a row block keep in
-L2 and L1, and the knob bits.  The cost model learns from these.
+L2 and L1, the knob bits, and a prior score (:meth:`Space.prior`: work per load, the useful share of
+the tile, the untuned scheduler's preferences) that ranks candidates before anything is measured.  The
+cost model learns from these.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class Space:
                 packed = facts["cands"][idx]["packable"]
                 default = {"candidate": idx, "mr": mr, "nr": nr, "pack": True, "panels_outer": bool(packed),
                            "parallel": work >= PARALLEL_MIN_WORK}
+                facts["default_candidate"] = idx
             else:
                 default = {"parallel": sch._big(st)}
                 if "lanes" in self.knobs[st.name]:
@@ -170,11 +173,30 @@ class Space:
         rows = mr * f["reduce"] * b
         l1, l2 = self.target.l1_size, self.target.l2_size
         onehot = [float(ci == n) for n in range(4)]
+        # the prior: log of multiply-adds per register load, times the useful share of the tile, with
+        # bonuses for what the untuned scheduler's reasoning favours (its own operand pair, packing with
+        # panels outermost) and a penalty for spilling registers
+        prior = math.log(acc / (mr + nv) * lane_use / ((1 + waste_i) * (1 + waste_j)))
+        prior += math.log(1.5) * (ci == f["default_candidate"]) + math.log(1.3) * packed
+        prior += math.log(1.1) * (bool(k.get("panels_outer")) == packed) - math.log(2.0) * (pressure > regs)
         return [
             mr, nv, acc, pressure / regs, max(0.0, pressure - regs), acc / (mr + nv), waste_i, waste_j, lane_use,
             float(packed), float(bool(k.get("panels_outer"))), float(parallel), balance * th, math.log2(tiles),
             math.log2(panel / l2), math.log2(rows / l1), float(mr % 2 == 0), math.log2(f["work"] + 1), *onehot,
+            prior,
         ]
+
+    def prior(self, cfg: Config) -> float:
+        """A score before any measurement (higher = expected faster): the contraction stages' priors (the
+        last feature), weighted by their work."""
+        x = self.features(cfg)
+        total, pos = 0.0, 0
+        for st, kn in self.knobs.items():
+            n = 23 if "candidate" in kn else 3
+            if "candidate" in kn:
+                total += float(x[pos + n - 1]) * math.log2(self.facts[st]["work"] + 1)
+            pos += n
+        return total
 
 
 def _bytes(dtype: str) -> int:
