@@ -209,3 +209,41 @@ def test_every_knob_combination_gives_the_same_result(data):
     c = np.full((m, n), np.nan, np.float32)
     cuvil.build(s, [A, B, C])(a, b, c)
     _close(c, np.maximum(a.astype(np.float64) @ b, 0), k)
+
+
+def test_attention_scores_pack_an_intermediate():
+    # S = Q K^T with Q, K computed in the same program: no operand is unit stride along an output axis
+    # until one of the projections is packed (a cache_read of a stage, not of an input)
+    n, d = 64, 32
+    X = te.placeholder((n, d), name="X")
+    Wq = te.placeholder((d, d), name="Wq")
+    Wk = te.placeholder((d, d), name="Wk")
+    Q, K = ops.matmul(X, Wq), ops.matmul(X, Wk)
+    r = te.reduce_axis((0, d), name="r")
+    S = te.compute((n, n), lambda i, j: te.sum(Q[i, r] * K[j, r], axis=r), name="S")
+    x = rng.standard_normal((n, d), dtype=np.float32)
+    wq = rng.standard_normal((d, d), dtype=np.float32)
+    wk = rng.standard_normal((d, d), dtype=np.float32)
+    s, (got,) = _run([X, Wq, Wk, S], [x, wq, wk])
+    packed = [st.stage for st in s.trace if st.op == "cache_read"]
+    assert packed and packed[0] in (Q.op.name, K.op.name)
+    x64 = x.astype(np.float64)
+    _close(got, (x64 @ wq) @ (x64 @ wk).T, d * d)
+
+
+def test_two_ops_with_one_name_get_distinct_stages_and_the_trace_replays():
+    from cuvil.schedule.trace import replay, trace_from_json, trace_to_json
+
+    def program():
+        X = te.placeholder((32, 16), name="X")
+        W1 = te.placeholder((16, 16), name="W1")
+        W2 = te.placeholder((16, 16), name="W2")
+        return [X, W1, W2, ops.matmul(ops.matmul(X, W1), W2)]  # both named C
+
+    args = program()
+    s = cuvil.auto_schedule(args)
+    names = [st.name for st in s.stages]
+    assert len(names) == len(set(names)) and "C_1" in names
+    args2 = program()
+    s2 = replay(te.create_schedule(args2[-1]), trace_from_json(trace_to_json(s.trace)))
+    assert str(cuvil.lower(s2, args2)) == str(cuvil.lower(s, args))

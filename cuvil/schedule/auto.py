@@ -239,15 +239,18 @@ class AutoScheduler:
         return {id(outer), id(cache)}
 
     def _packable(self, c: Contraction, nr: int) -> tuple[Tensor, Any] | None:
-        """Pack the vector operand, an input of constant shape read at plain axes, into panels of ``nr``
+        """Pack the vector operand (of constant shape, read at plain axes) into panels of ``nr``
         along j's dimension ``d``: ``B[k, j]`` -> ``[j // nr, k, j % nr]``, ``W[f, c, ry, rx]`` (j = f) ->
         ``[f // nr, c, ry, rx, f % nr]``."""
         t = c.vector.tensor
-        if not isinstance(t.op, PlaceholderOp):
-            return None
+        src = self.s.stage_of(t)
+        if not isinstance(t.op, PlaceholderOp) and (src is None or src.attach != "root"):
+            return None  # an input, or a stage computed on its own (a graph's intermediate): not inlined
         shape = [const_int(d) for d in t.shape]
-        if any(d is None for d in shape) or math.prod(shape) < 64 * 1024:
+        if any(d is None for d in shape):
             return None
+        if c.pack_dim is None and math.prod(shape) < 64 * 1024:
+            return None  # optional packing of a small operand costs more than its panels save
         idx = c.vector.indices
         if not all(isinstance(ix, IterVar) for ix in idx):
             return None

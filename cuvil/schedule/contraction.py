@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from cuvil.ir.expr import Binary, Cast, Expr, IterVar, Reduce, TensorRead
 from cuvil.ir.functor import free_vars
 from cuvil.schedule.axes import const_int
-from cuvil.te.tensor import ComputeOp, PlaceholderOp
+from cuvil.te.tensor import ComputeOp
 
 
 @dataclass(frozen=True)
@@ -78,10 +78,11 @@ def unit_stride_last(read: TensorRead, v: IterVar) -> bool:
 
 
 def _packable_dim(read: TensorRead, v: IterVar) -> int | None:
-    """The dimension of an input of constant shape that ``read`` indexes with exactly ``v`` (and no other
-    dimension uses ``v``): packing the input with that dimension last makes ``v`` unit stride."""
+    """The dimension of a tensor of constant shape that ``read`` indexes with exactly ``v`` (and no other
+    dimension uses ``v``): packing the tensor with that dimension last makes ``v`` unit stride (the
+    scheduler decides whether the tensor can be packed: an input, or a stage computed on its own)."""
     t = read.tensor
-    if not isinstance(t.op, PlaceholderOp) or any(const_int(d) is None for d in t.shape):
+    if any(const_int(d) is None for d in t.shape):
         return None
     dims = [d for d, ix in enumerate(read.indices) if _uses(ix, v)]
     if len(dims) != 1 or read.indices[dims[0]] is not v or not all(isinstance(ix, IterVar) for ix in read.indices):

@@ -36,6 +36,7 @@ class Stage:
         self.sched = sched
         self.op = op
         self.origin_op = op
+        self.label = op.name  # the stage's name: the op's, numbered when two ops of a program share one
         self.aliases: list[Operation] = [op]  # every op this stage has computed (readers may name any)
         self.scope = "global"
         self.attach = "root"  # "root" | "inline" | "at"
@@ -60,7 +61,7 @@ class Stage:
 
     @property
     def name(self) -> str:
-        return self.origin_op.name
+        return self.label
 
     @property
     def is_placeholder(self) -> bool:
@@ -424,6 +425,16 @@ class Schedule:
             if isinstance(o, PlaceholderOp):
                 raise ScheduleError(f"create_schedule: output {o.name} is a placeholder, not a computed tensor")
         self.stages: list[Stage] = [Stage(self, op) for op in _post_order(self.outputs)]
+        taken = {st.label for st in self.stages}
+        seen: set[str] = set()
+        for st in self.stages:  # two ops named C (two ops.matmul): stages C and C_1, so steps name one stage
+            if st.label in seen:
+                k = 1
+                while f"{st.label}_{k}" in taken:
+                    k += 1
+                st.label = f"{st.label}_{k}"
+                taken.add(st.label)
+            seen.add(st.label)
         self.trace: list[Step] = []
         self._deferred = False  # see deferred_checks()
 
