@@ -1,0 +1,225 @@
+"""Graph passes: pure functions from a :class:`~cuvil.graph.ir.Graph` to a smaller, equivalent one.
+
+Each pass is one concern and returns a new graph (the input is not changed); :func:`optimize` runs
+them in order and can report the graph after each one (``cuvil compile --dump``)::
+
+    Conv(x, W)            -> y           Conv(x, W * s[f], b * s[f] + t[f]) -> z
+    BatchNormalization(y) -> z     =>    (s = scale / sqrt(var + eps), t = bias - mean * s)
+
+- :func:`remove_identities`: ``Identity`` and inference-mode ``Dropout`` become renames.
+- :func:`fold_batchnorm`: an inference ``BatchNormalization`` whose parameters are constants, after
+  a ``Conv`` (or a ``Gemm`` without transposed outputs) with constant weights that nothing else
+  reads, is folded into that node's weights and bias (numpy, at compile time).
+- :func:`eliminate_common_subexpressions`: two nodes of the same op, attributes and inputs compute
+  the same values; the second is dropped and its readers read the first.
+- :func:`eliminate_dead_nodes`: nodes whose outputs no graph output needs are dropped, and
+  initializers no node reads.
+
+Graph outputs keep their names: a pass that would rename a graph output keeps the node instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from cuvil.graph.ir import Graph, Node
+
+Pass = Callable[[Graph], Graph]
+
+
+def _with(g: Graph, nodes: list[Node], inits: dict[str, np.ndarray] | None = None) -> Graph:
+    return replace(g, nodes=nodes, initializers=dict(g.initializers if inits is None else inits))
+
+
+def _rename_inputs(nodes: list[Node], alias: dict[str, str]) -> list[Node]:
+    def resolve(x: str) -> str:
+        while x in alias:
+            x = alias[x]
+        return x
+
+    return [replace(n, inputs=tuple(resolve(x) if x else x for x in n.inputs)) for n in nodes]
+
+
+def _readers(g: Graph) -> dict[str, list[Node]]:
+    out: dict[str, list[Node]] = {}
+    for n in g.nodes:
+        for x in n.inputs:
+            if x:
+                out.setdefault(x, []).append(n)
+    return out
+
+
+def remove_identities(g: Graph) -> Graph:
+    """``Identity`` and ``Dropout`` (inference: no ``training_mode`` input, its mask unused) as renames."""
+    outputs = {v.name for v in g.outputs}
+    readers = _readers(g)
+    producer = {o: n for n in g.nodes for o in n.outputs if o}
+    alias: dict[str, str] = {}
+    renamed: dict[int, tuple[str, str]] = {}  # id(producer) -> (its output, the graph output it now writes)
+    kept: list[Node] = []
+    for n in g.nodes:
+        dropout = (n.op_type == "Dropout" and not n.domain and len(n.inputs) < 3
+                   and all(not readers.get(o) and o not in outputs for o in n.outputs[1:]))
+        if not (n.op_type == "Identity" and not n.domain or dropout):
+            kept.append(n)
+        elif n.outputs[0] not in outputs:
+            alias[n.outputs[0]] = n.inputs[0]
+        else:  # the graph output keeps its name: the producer writes it, if nothing else reads its value
+            src = producer.get(n.inputs[0])
+            if (src is None or src.op_type in ("Identity", "Dropout") or n.inputs[0] in outputs
+                    or len(readers.get(n.inputs[0], [])) != 1 or id(src) in renamed):
+                kept.append(n)
+            else:
+                renamed[id(src)] = (n.inputs[0], n.outputs[0])
+    if not alias and not renamed:
+        return g
+    kept = [replace(n, outputs=tuple(renamed[id(n)][1] if o == renamed[id(n)][0] else o for o in n.outputs))
+            if id(n) in renamed else n for n in kept]
+    return _with(g, _rename_inputs(kept, alias))
+
+
+def _const(g: Graph, name: str) -> np.ndarray | None:
+    return g.initializers.get(name) if name else None
+
+
+def fold_batchnorm(g: Graph) -> Graph:
+    """Fold inference BatchNormalization into the Conv/Gemm before it (constants only)."""
+    readers = _readers(g)
+    outputs = {v.name for v in g.outputs}
+    producer = {o: n for n in g.nodes for o in n.outputs if o}
+    inits = dict(g.initializers)
+    replaced: dict[int, Node] = {}  # id(Conv/Gemm) -> the folded node, writing the BN's output
+    removed: set[int] = set()  # id(BN)
+    for bn in g.nodes:
+        if bn.op_type != "BatchNormalization" or bn.domain or any(bn.outputs[1:]) or bn.attrs.get("training_mode"):
+            continue
+        params = [_const(g, x) for x in bn.inputs[1:5]]
+        prev = producer.get(bn.inputs[0])
+        if prev is None or len(params) != 4 or any(p is None for p in params) or id(prev) in replaced:
+            continue
+        if len(readers.get(bn.inputs[0], [])) != 1 or bn.inputs[0] in outputs:
+            continue  # the un-normalised values are needed elsewhere
+        scale, bias, mean, var = (np.asarray(p, np.float64) for p in params)  # type: ignore[arg-type]
+        s = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+        new = _fold_into(prev, s, bias - mean * s, g, inits)
+        if new is not None:
+            replaced[id(prev)] = replace(new, outputs=(bn.outputs[0],) + new.outputs[1:])
+            removed.add(id(bn))
+    if not replaced:
+        return g
+    return _with(g, [replaced.get(id(n), n) for n in g.nodes if id(n) not in removed], inits)
+
+
+def _fold_into(prev: Node, s: np.ndarray, t: np.ndarray, g: Graph, inits: dict[str, np.ndarray]) -> Node | None:
+    """``prev`` with its weights scaled by ``s`` per output channel and bias ``b * s + t`` (new initializers)."""
+    if prev.domain or prev.op_type not in ("Conv", "Gemm"):
+        return None
+    w = _const(g, prev.inputs[1]) if len(prev.inputs) > 1 else None
+    b = _const(g, prev.inputs[2]) if len(prev.inputs) > 2 else None
+    if w is None or (len(prev.inputs) > 2 and prev.inputs[2] and b is None) or w.dtype.kind != "f":
+        return None
+    if prev.op_type == "Conv":
+        if w.shape[0] != s.shape[0]:
+            return None
+        w2 = w * s.reshape((-1,) + (1,) * (w.ndim - 1))
+    else:  # Gemm: Y = alpha * A' B' + beta * C, output channels along B's columns
+        if prev.attrs.get("transB", 0):
+            w2 = w * s.reshape(-1, 1) if w.shape[0] == s.shape[0] else None
+        else:
+            w2 = w * s.reshape(1, -1) if w.shape[-1] == s.shape[0] else None
+        if w2 is None or float(prev.attrs.get("beta", 1.0)) != 1.0 or (b is not None and b.shape != s.shape):
+            return None
+    bias = (b.astype(np.float64) if b is not None else np.zeros_like(s)) * s + t
+    wname, bname = _fresh(inits, prev.inputs[1] + ".bn"), _fresh(inits, prev.name + ".bn_bias")
+    inits[wname] = w2.astype(w.dtype)
+    inits[bname] = bias.astype(w.dtype)
+    return replace(prev, inputs=(prev.inputs[0], wname, bname))
+
+
+def _fresh(taken: dict[str, Any], base: str) -> str:
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}{k}", k + 1
+    return name
+
+
+def _attr_key(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return ("array", v.dtype.str, v.shape, v.tobytes())
+    if isinstance(v, (list, tuple)):
+        return tuple(_attr_key(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _attr_key(x)) for k, x in v.items()))
+    return v
+
+
+def eliminate_common_subexpressions(g: Graph) -> Graph:
+    """Drop a node that repeats an earlier one (same op, domain, attributes and inputs)."""
+    outputs = {v.name for v in g.outputs}
+    seen: dict[Any, Node] = {}
+    alias: dict[str, str] = {}
+    kept: list[Node] = []
+    for n in _rename_inputs(g.nodes, {}):
+        n = _rename_inputs([n], alias)[0]
+        try:
+            key = (n.domain, n.op_type, n.inputs, _attr_key(n.attrs), len(n.outputs))
+            hash(key)
+        except TypeError:
+            kept.append(n)
+            continue
+        first = seen.get(key)
+        if first is not None and not any(o in outputs for o in n.outputs) and n.op_type not in _RANDOM:
+            alias.update({o: f for o, f in zip(n.outputs, first.outputs) if o})
+            continue
+        seen.setdefault(key, n)
+        kept.append(n)
+    return _with(g, kept) if alias else g
+
+
+_RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+
+
+def eliminate_dead_nodes(g: Graph) -> Graph:
+    """Drop nodes no graph output depends on, and initializers nothing reads."""
+    needed = {v.name for v in g.outputs}
+    kept: list[Node] = []
+    for n in reversed(g.nodes):
+        if any(o in needed for o in n.outputs if o):
+            kept.append(n)
+            needed.update(x for x in n.inputs if x)
+    kept.reverse()
+    inits = {k: v for k, v in g.initializers.items() if k in needed}
+    if len(kept) == len(g.nodes) and len(inits) == len(g.initializers):
+        return g
+    inputs = [v for v in g.inputs if v.name in needed or v.name not in g.initializers]
+    return replace(g, nodes=kept, initializers=inits, inputs=inputs)
+
+
+PASSES: tuple[tuple[str, Pass], ...] = (
+    ("remove identities", remove_identities),
+    ("fold batch normalization", fold_batchnorm),
+    ("common subexpressions", eliminate_common_subexpressions),
+    ("dead nodes", eliminate_dead_nodes),
+)
+
+
+def optimize(g: Graph, dump: Callable[[str, Graph], None] | None = None) -> Graph:
+    """``g`` after every pass of :data:`PASSES`, in order; ``dump(name, graph)`` sees each result."""
+    for name, p in PASSES:
+        g = p(g)
+        if dump is not None:
+            dump(name, g)
+    return g
+
+
+def graph_str(g: Graph) -> str:
+    """One line per node: ``outputs = op(inputs)``, then the counts."""
+    lines = [f"graph {g.name}: inputs {[v.name for v in g.feeds]}, outputs {[v.name for v in g.outputs]}"]
+    for n in g.nodes:
+        lines.append(f"  {', '.join(n.outputs)} = {n.op_type}({', '.join(n.inputs)})")
+    lines.append(f"  {len(g.nodes)} nodes, {len(g.initializers)} initializers")
+    return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""Graph passes keep a model's results (checked with onnxruntime) while removing nodes."""
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from cuvil.frontend.onnx import compile_graph, import_model  # noqa: E402
+from cuvil.graph.passes import graph_str, optimize  # noqa: E402
+
+rng = np.random.default_rng(0)
+
+
+def _model(nodes, inputs, outputs, inits):
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+                          [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _bn(prefix, c):
+    return {f"{prefix}.s": rng.uniform(0.5, 1.5, c), f"{prefix}.b": rng.standard_normal(c),
+            f"{prefix}.m": rng.standard_normal(c), f"{prefix}.v": rng.uniform(0.5, 2.0, c)}
+
+
+def _check(model, feeds, expect_ops):
+    dumps = []
+    g = optimize(import_model(model), dump=lambda name, gr: dumps.append((name, graph_str(gr))))
+    assert sorted(n.op_type for n in g.nodes) == sorted(expect_ops), graph_str(g)
+    assert [d[0] for d in dumps] == ["remove identities", "fold batch normalization", "common subexpressions",
+                                     "dead nodes"]
+    prog = compile_graph(g, {k: v.shape for k, v in feeds.items()}, {}, "llvm")
+    got = prog.run(feeds)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for name, want in zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)):
+        np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_conv_batchnorm_identity_duplicates_and_dead_nodes():
+    inits = {"W": rng.standard_normal((8, 3, 3, 3)) * 0.3, "B": rng.standard_normal(8), **_bn("bn", 8)}
+    nodes = [
+        helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "bn.s", "bn.b", "bn.m", "bn.v"], ["n"], epsilon=1e-3),
+        helper.make_node("Relu", ["n"], ["r1"]),
+        helper.make_node("Relu", ["n"], ["r2"]),  # the same as r1
+        helper.make_node("Identity", ["r2"], ["i"]),
+        helper.make_node("Add", ["r1", "i"], ["y"]),
+        helper.make_node("Sigmoid", ["x"], ["unused"]),  # feeds no output
+        helper.make_node("Dropout", ["y"], ["z"]),
+    ]
+    model = _model(nodes, [("x", [1, 3, 10, 10])], ["z"], inits)
+    _check(model, {"x": rng.standard_normal((1, 3, 10, 10)).astype(np.float32)}, ["Conv", "Relu", "Add"])
+
+
+def test_gemm_batchnorm_and_a_shared_conv_output_is_not_folded():
+    inits = {"W": rng.standard_normal((16, 12)), "C": rng.standard_normal(16), **_bn("bn", 16),
+             "K": rng.standard_normal((4, 2, 1, 1)), **_bn("bn2", 4)}
+    nodes = [
+        helper.make_node("Gemm", ["x", "W", "C"], ["g"], transB=1),
+        helper.make_node("BatchNormalization", ["g", "bn.s", "bn.b", "bn.m", "bn.v"], ["y"]),
+        helper.make_node("Conv", ["u", "K"], ["c"]),
+        helper.make_node("BatchNormalization", ["c", "bn2.s", "bn2.b", "bn2.m", "bn2.v"], ["cb"]),
+        helper.make_node("Add", ["c", "cb"], ["v"]),  # c is read twice: its BN stays
+    ]
+    model = _model(nodes, [("x", [5, 12]), ("u", [1, 2, 3, 3])], ["y", "v"], inits)
+    feeds = {"x": rng.standard_normal((5, 12)).astype(np.float32), "u": rng.standard_normal((1, 2, 3, 3)).astype(np.float32)}
+    _check(model, feeds, ["Gemm", "Conv", "BatchNormalization", "Add"])
+
+
+def test_identity_chain_into_a_graph_output():
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Identity", ["a"], ["b"]),
+             helper.make_node("Identity", ["b"], ["y"])]
+    model = _model(nodes, [("x", [4, 4])], ["y"], {})
+    _check(model, {"x": rng.standard_normal((4, 4)).astype(np.float32)}, ["Relu", "Identity"])
