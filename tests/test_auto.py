@@ -247,3 +247,24 @@ def test_two_ops_with_one_name_get_distinct_stages_and_the_trace_replays():
     args2 = program()
     s2 = replay(te.create_schedule(args2[-1]), trace_from_json(trace_to_json(s.trace)))
     assert str(cuvil.lower(s2, args2)) == str(cuvil.lower(s, args))
+
+
+def test_operand_packed_ahead_of_time_gets_the_tile_without_a_copy():
+    # B given as panels Bp[j // 32, k, j % 32] (weights packed once, at compile time): the tile reads it
+    # as it is, 32 columns per panel, with no cache_read; tails of a partial last panel included
+    m, n, k, p = 24, 80, 40, 32
+    A = te.placeholder((m, k), name="A")
+    Bp = te.placeholder(((n + p - 1) // p, k, p), name="Bp")
+    r = te.reduce_axis((0, k), name="r")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r] * Bp[j // p, r, j % p], axis=r), name="C")
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    bp = np.zeros(((n + p - 1) // p, k, p), np.float32)
+    for q in range(bp.shape[0]):
+        cols = b[:, q * p:(q + 1) * p]
+        bp[q, :, :cols.shape[1]] = cols
+    s, (c,) = _run([A, Bp, C], [a, bp])
+    ops_used = [st.op for st in s.trace]
+    assert "cache_read" not in ops_used and "cache_write" in ops_used
+    assert ("split", "j", 32) in [(st.op, *st.args) for st in s.trace if st.op == "split"]
+    _close(c, a.astype(np.float64) @ b, k)

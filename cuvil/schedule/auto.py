@@ -134,6 +134,8 @@ class AutoScheduler:
         ext_j = const_int(c.j.extent)
         # two vector registers per row, or one when that divides the columns and two do not
         nr = v if ext_j is not None and ext_j % (2 * v) and ext_j % v == 0 else 2 * v
+        if c.panel is not None:  # an operand packed in panels: a tile column per panel column
+            nr = c.panel
         regs = 32 if self.bits >= 512 else 16
         mr = max(1, min(8, (regs - 4) // 2 - 2))  # MR * 2 accumulators + operands fit the register file
         ext_i = const_int(c.i.extent)
@@ -181,7 +183,7 @@ class AutoScheduler:
         mr, nr = self._tile_sizes(c, op.dtype)
         mr, nr = int(k.get("mr", mr)), int(k.get("nr", nr))
         work = self._work(st)  # multiply-adds, counted before cache_write moves the reduction away
-        pack = self._packable(c, nr) if k.get("pack", True) or c.pack_dim is not None else None
+        pack = None if c.panel else self._packable(c, nr) if k.get("pack", True) or c.pack_dim is not None else None
         readers = _readers(s, st)
         epilogue = (
             len(readers) == 1 and _elementwise(readers[0]) and readers[0].attach == "root"
@@ -205,10 +207,10 @@ class AutoScheduler:
             outer = st
             oi, oj = c.i, c.j
             c = Contraction(cache.op.axis[_pos(op.axis, c.i)], cache.op.axis[_pos(op.axis, c.j)],
-                            c.vector, c.broadcast, c.pack_dim)
+                            c.vector, c.broadcast, c.pack_dim, c.panel)
         io, jo, ii, ji = outer.tile(oi, oj, mr, nr)
         rest = [a for a in outer.leaves if not any(a is b for b in (io, jo, ii, ji))]
-        panels_outer = k.get("panels_outer", pack is not None)  # a packed panel stays in cache for all rows
+        panels_outer = k.get("panels_outer", pack is not None or c.panel is not None)  # a panel stays in cache
         order = [jo, *rest, io] if panels_outer else [*rest, io, jo]
         outer.reorder(*order)
         # fuse the outer loops into one parallel loop, except a tile loop with a tail: fused, its tail

@@ -36,6 +36,7 @@ class Contraction:
     vector: TensorRead
     broadcast: TensorRead
     pack_dim: int | None = None  # the vector operand's dimension indexed by j, when it must be packed
+    panel: int | None = None  # the vector operand is already packed: read at [..., j // panel, ..., j % panel]
 
 
 def _operands(body: Expr) -> tuple[TensorRead, TensorRead] | None:
@@ -90,28 +91,48 @@ def _packable_dim(read: TensorRead, v: IterVar) -> int | None:
     return dims[0]
 
 
+def panel_width(read: TensorRead, v: IterVar) -> int | None:
+    """P when ``read`` is a packed operand ``T[..., v // P, ..., v % P]`` (``v % P`` last, no other use of
+    ``v``): within a panel of P columns ``v`` is unit stride, so a register tile of P columns needs no
+    packing (weights packed once, at compile time)."""
+    from cuvil.ir.expr import Binary, Const
+
+    last = read.indices[-1]
+    if not (isinstance(last, Binary) and last.op == "floormod" and last.a is v and isinstance(last.b, Const)):
+        return None
+    p = int(last.b.value)
+    uses = [ix for ix in read.indices[:-1] if _uses(ix, v)]
+    if p < 1 or len(uses) != 1:
+        return None
+    q = uses[0]
+    ok = isinstance(q, Binary) and q.op == "floordiv" and q.a is v and isinstance(q.b, Const) and int(q.b.value) == p
+    return p if ok else None
+
+
 def contraction_candidates(op: ComputeOp) -> list[Contraction]:
     """Every (vector operand, j) pair of ``op`` with the innermost admissible i, unpacked ones first."""
     pair = _operands(op.body)
     if pair is None:
         return []
-    natural: list[Contraction] = []
+    unpacked: list[Contraction] = []
     packed: list[Contraction] = []
     for vec, bc in (pair, pair[::-1]):
         for j in reversed(op.axis):
             if const_int(j.extent) is None or any(_uses(ix, j) for ix in bc.indices):
                 continue
-            pack_dim = None if unit_stride_last(vec, j) else _packable_dim(vec, j)
-            if pack_dim is None and not unit_stride_last(vec, j):
+            panel = panel_width(vec, j)
+            natural = unit_stride_last(vec, j) or panel is not None
+            pack_dim = None if natural else _packable_dim(vec, j)
+            if pack_dim is None and not natural:
                 continue
             for i in reversed(op.axis):
                 if i is j or const_int(i.extent) is None:
                     continue
                 if any(_uses(ix, i) for ix in vec.indices) or not any(_uses(ix, i) for ix in bc.indices):
                     continue
-                (natural if pack_dim is None else packed).append(Contraction(i, j, vec, bc, pack_dim))
+                (unpacked if pack_dim is None else packed).append(Contraction(i, j, vec, bc, pack_dim, panel))
                 break
-    return natural + packed
+    return unpacked + packed
 
 
 def find_contraction(op: ComputeOp) -> Contraction | None:
