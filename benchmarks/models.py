@@ -1,0 +1,135 @@
+"""Whole models: cuvil's InferenceSession beside onnxruntime, same process, same thread count.
+
+ResNet-18 and MobileNetV2 (224x224, batch 1) and a 2-layer BERT-style encoder (hidden 256, 4 heads,
+sequence 128) built with onnx.helper and seeded random weights (torch is not needed), plus an MLP:
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/models.py [--threads 1,2] [--only resnet]
+
+Prints compile time, median latency of each and the ratio onnxruntime / cuvil (1.0 = as fast), and
+checks that the outputs agree (rtol 1e-3, atol 1e-4 scaled to the output's magnitude).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+from onnx import TensorProto, helper
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from onnx_models import _Builder, bert_encoder_model  # noqa: E402
+
+from cuvil.bench import median_time  # noqa: E402
+
+
+def resnet18(size: int = 224, seed: int = 0) -> object:
+    """ResNet-18: 7x7/2 stem, max pool, four stages of two basic blocks (64, 128, 256, 512), avg pool, FC."""
+    b = _Builder(seed)
+    y = b.conv_bn("x", 3, 64, 7, stride=2)
+    y = b.op("MaxPool", [y], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = 64
+    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        for k in range(2):
+            s = stride if k == 0 else 1
+            h = b.conv_bn(y, cin, cout, 3, stride=s)
+            h = b.conv_bn(h, cout, cout, 3, act=None)
+            short = b.conv_bn(y, cin, cout, 1, stride=s, act=None) if (s != 1 or cin != cout) else y
+            y = b.op("Relu", [b.op("Add", [h, short])])
+            cin = cout
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [y])], axis=1)
+    y = b.op("Gemm", [y, b.weight((1000, 512)), b.weight((1000,), 0.1)], transB=1)
+    b.nodes[-1].output[0] = "logits"
+    return b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])])
+
+
+def mobilenet_v2(size: int = 224, seed: int = 1) -> object:
+    """MobileNetV2 (width 1.0): inverted residual blocks with ReLU6, then 1x1 to 1280, avg pool, FC."""
+    b = _Builder(seed)
+    y = b.conv_bn("x", 3, 32, 3, stride=2, act="relu6")
+    cin = 32
+    for t, c, n, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                       (6, 160, 3, 2), (6, 320, 1, 1)):
+        for k in range(n):
+            stride = s if k == 0 else 1
+            h = b.conv_bn(y, cin, cin * t, 1, act="relu6") if t != 1 else y
+            h = b.conv_bn(h, cin * t, cin * t, 3, stride=stride, group=cin * t, act="relu6")
+            h = b.conv_bn(h, cin * t, c, 1, act=None)
+            y = b.op("Add", [h, y]) if stride == 1 and cin == c else h
+            cin = c
+    y = b.conv_bn(y, cin, 1280, 1, act="relu6")
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [y])], axis=1)
+    y = b.op("Gemm", [y, b.weight((1000, 1280)), b.weight((1000,), 0.1)], transB=1)
+    b.nodes[-1].output[0] = "logits"
+    return b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])])
+
+
+def mlp(batch: int = 64, dims: tuple[int, ...] = (784, 1024, 1024, 10), seed: int = 3) -> object:
+    b = _Builder(seed)
+    y = "x"
+    for k, (din, dout) in enumerate(zip(dims, dims[1:])):
+        y = b.linear(y, din, dout)
+        if k < len(dims) - 2:
+            y = b.op("Relu", [y])
+    b.nodes[-1].output[0] = "logits"
+    return b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, dims[0]])],
+                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, dims[-1]])])
+
+
+def _feeds(name: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    if name == "bert":
+        return {"x": rng.standard_normal((1, 128, 256)).astype(np.float32),
+                "mask": np.ones((1, 128), np.float32)}
+    if name == "mlp":
+        return {"x": rng.standard_normal((64, 784)).astype(np.float32)}
+    return {"x": rng.standard_normal((1, 3, 224, 224)).astype(np.float32)}
+
+
+MODELS = {"resnet18": resnet18, "mobilenet_v2": mobilenet_v2, "bert": bert_encoder_model, "mlp": mlp}
+
+
+def main() -> int:
+    import onnxruntime as ort
+
+    import cuvil.onnx
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--repeat", type=int, default=10)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    ok = True
+    print(f"{'model':<14}{'compile s':>10}{'thr':>5}{'cuvil ms':>10}{'ort ms':>9}{'ort/cuvil':>11}")
+    for name, build in MODELS.items():
+        if args.only and args.only not in name:
+            continue
+        model = build()
+        feeds = _feeds(name, rng)
+        for th in (int(t) for t in args.threads.split(",")):
+            t0 = time.perf_counter()
+            sess = cuvil.onnx.InferenceSession(model, num_threads=th)
+            sess.run(None, feeds)  # compiles here when the model has symbolic dimensions
+            compile_s = time.perf_counter() - t0
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads, opts.inter_op_num_threads = th, 1
+            ref_sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            got, want = sess.run(None, feeds)[0], ref_sess.run(None, feeds)[0]
+            if not np.allclose(got, want, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(want).max()))):
+                ok = False
+                print(f"{name}: cuvil and onnxruntime disagree (max abs diff {np.abs(got - want).max():.2e})")
+            t_c, t_o = [], []
+            for _ in range(3):  # interleaved: the machine's load changes over seconds
+                t_c.append(median_time(lambda s=sess, f=feeds: s.run(None, f), args.repeat, budget_s=0.0))
+                t_o.append(median_time(lambda s=ref_sess, f=feeds: s.run(None, f), args.repeat, budget_s=0.0))
+            tc, to = float(np.median(t_c)), float(np.median(t_o))
+            print(f"{name:<14}{compile_s:>10.1f}{th:>5}{tc * 1e3:>10.2f}{to * 1e3:>9.2f}{to / tc:>11.2f}", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
