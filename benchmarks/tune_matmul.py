@@ -47,6 +47,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--trials", type=int, default=64)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed ... first-seed + seeds - 1")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the final timing")
     opts = ap.parse_args()
@@ -70,7 +71,7 @@ def main() -> int:
     winners: list[tuple[str, dict]] = []
     print(f"matmul {n}^3, {opts.trials} trials per run, {opts.threads} thread(s); db files in {tmp}")
     claim_ok = True
-    for seed in range(opts.seeds):
+    for seed in range(opts.first_seed, opts.first_seed + opts.seeds):
         row = {}
         for search in ("evolutionary", "random"):
             db = os.path.join(tmp, f"{search}-{seed}.db")
