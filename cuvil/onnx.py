@@ -48,8 +48,11 @@ class InferenceSession:
             raise ArgumentError(f"num_threads must be a positive int or None, got {num_threads!r}")
         self.target = target
         self.num_threads = num_threads
-        self._graph = import_model(load_model(path_or_bytes))
-        check_supported(self._graph)  # every unsupported op at once, before compiling anything
+        from cuvil.graph.passes import optimize
+
+        graph = import_model(load_model(path_or_bytes))
+        check_supported(graph)  # every unsupported op at once, before compiling anything
+        self._graph = optimize(graph)  # identities, BatchNorm folded into convs, duplicates, dead nodes
         self._feeds = self._graph.feeds
         self._specialised: set[str] = set()
         self._cache: dict[tuple, Any] = {}
