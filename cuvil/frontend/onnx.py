@@ -304,6 +304,7 @@ def compile_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Ma
             progress(step, len(graph.nodes), node)
         entries = [env[x] if x else None for x in node.inputs]
         ctx = NodeCtx(node, entries, graph.opset)
+        ctx.target = tgt
         builder = builder_for(node.op_type, graph.opset)
         try:
             outs = list(builder(ctx))  # type: ignore[misc]

@@ -112,6 +112,7 @@ class NodeCtx:
         self.opset = opset
         self.placeholders: list[tuple[int, Tensor]] = []
         self.value_reads: set[int] = set()
+        self.target: Any = None  # the compile target (set by compile_graph): builders may pick layouts for it
         self._tensors: dict[tuple[int, tuple[int, ...]], Tensor] = {}
 
     # -- inputs -------------------------------------------------------------------

@@ -130,7 +130,14 @@ def _pointwise_conv(ctx: NodeCtx, xs: tuple[int, ...], ws: tuple[int, ...]) -> S
 def gemm(ctx: NodeCtx) -> list:
     ta, tb = int(ctx.attr("transA", 0)), int(ctx.attr("transB", 0))
     A = ctx.tensor(0)
-    if tb and ctx.known(1) and len(ctx.shape(1)) == 2:
+    panels = None
+    if ctx.known(1) and len(ctx.shape(1)) == 2:
+        # constant weights are packed at compile time: panels of columns the register tile reads whole
+        w = np.asarray(ctx.entries[1])
+        panels = _weight_panels(ctx, w.T if tb else w)
+    if panels is not None:
+        B, tb, b_shape = None, 0, ctx.shape(1)[::-1] if tb else ctx.shape(1)
+    elif tb and ctx.known(1) and len(ctx.shape(1)) == 2:
         # constant weights are transposed at compile time: B[k, j] reads the columns with unit stride
         B, tb = ctx.constant(np.ascontiguousarray(ctx.entries[1].T), keyed=False), 0
         b_shape = ctx.shape(1)[::-1]
@@ -142,8 +149,10 @@ def gemm(ctx: NodeCtx) -> list:
         raise ctx.error(f"A {list(ctx.shape(0))} (transA={ta}) and B {list(ctx.shape(1))} (transB={tb}) do not "
                         "multiply")
     k = te.reduce_axis((0, ka), name="k")
-    y = te.compute((m, n), lambda i, j: te.sum((A[k, i] if ta else A[i, k]) * (B[j, k] if tb else B[k, j]), axis=k),
-                   name="gemm")
+    def rhs(k: Any, j: Any) -> Any:
+        return panels(k, j) if panels is not None else B[j, k] if tb else B[k, j]
+
+    y = te.compute((m, n), lambda i, j: te.sum((A[k, i] if ta else A[i, k]) * rhs(k, j), axis=k), name="gemm")
     if ctx.has(2) or alpha != 1.0:
         c = ctx.tensor(2) if ctx.has(2) else None
         if c is not None:
@@ -165,7 +174,7 @@ def matmul(ctx: NodeCtx) -> list:
     a_s, b_s = ctx.shape(0), ctx.shape(1)
     if len(a_s) >= 2 and len(b_s) >= 2 and a_s[-1] == b_s[-2]:
         # fewer dimensions for isl: rows of A against a 2-D B, or equal batch dimensions merged
-        if len(b_s) == 2 and len(a_s) > 2:
+        if len(b_s) == 2 and (len(a_s) > 2 or ctx.known(1)):  # (constant weights: packed in panels)
             return [_matmul_view(ctx, (math.prod(a_s[:-1]), a_s[-1]), b_s, a_s[:-1] + b_s[-1:])]
         if len(a_s) == len(b_s) > 3 and a_s[:-2] == b_s[:-2]:
             bt = math.prod(a_s[:-2])
@@ -201,9 +210,32 @@ def matmul(ctx: NodeCtx) -> list:
     return [te.compute(out, body, name="matmul")]
 
 
+def _weight_panels(ctx: NodeCtx, w: np.ndarray) -> Any:
+    """Constant weights ``W[k, j]`` packed at compile time into panels ``[j // P, k, j % P]`` (P = two
+    vectors of the target, the auto-scheduler's tile width), as a read function ``(k, j) -> W[k, j]``;
+    None when the weights are too narrow for one panel or the target is not a CPU."""
+    tgt = ctx.target
+    if tgt is None or getattr(tgt, "kind", "") != "llvm" or w.ndim != 2:
+        return None
+    p = 2 * max(4, tgt.vector_bits // (8 * w.dtype.itemsize))
+    kk, n = w.shape
+    if n < p or w.dtype.kind != "f":
+        return None
+    q = -(-n // p)
+    panels = np.zeros((q * p, kk), w.dtype)
+    panels[:n] = w.T
+    Wp = ctx.constant(np.ascontiguousarray(panels.reshape(q, p, kk).transpose(0, 2, 1)), keyed=False)
+    return lambda k, j: Wp[j // p, k, j % p]
+
+
 def _matmul_view(ctx: NodeCtx, a_s: tuple[int, ...], b_s: tuple[int, ...], out: tuple[int, ...]) -> Shaped:
-    A, B = ctx.tensor(0, a_s), ctx.tensor(1, b_s)
     k = te.reduce_axis((0, a_s[-1]), name="k")
+    panels = _weight_panels(ctx, np.asarray(ctx.entries[1]).reshape(b_s)) if len(a_s) == 2 and ctx.known(1) else None
+    if panels is not None:
+        A = ctx.tensor(0, a_s)
+        y = te.compute((a_s[0], b_s[1]), lambda i, j: te.sum(A[i, k] * panels(k, j), axis=k), name="matmul")
+        return Shaped(y, out)
+    A, B = ctx.tensor(0, a_s), ctx.tensor(1, b_s)
     if len(a_s) == 2:
         y = te.compute((a_s[0], b_s[1]), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="matmul")
     else:
