@@ -208,3 +208,23 @@ def test_local_buffer_of_a_stage_computed_inside_an_attached_stage_is_indexed_fr
     c = np.zeros((3, 4, 6), np.float32)
     m(a, b, c)
     np.testing.assert_allclose(c, a @ b, rtol=1e-5)
+
+
+def test_axis_and_size_names_that_isl_maps_use_internally():
+    # te names o0/o1 (access maps), t0 (time dimensions) and u0 (legality) must not be taken for
+    # the maps' own dimensions: a conv over axes o0, o1 and a size t0, auto-scheduled, gives numpy's result
+    import numpy as np
+
+    t0 = te.var("t0")
+    X = te.placeholder((1, 1, t0, 5), name="X")
+    W = te.placeholder((1, 1, 3, 3), name="W")
+    ry = te.reduce_axis((0, 3), name="u0")
+    rx = te.reduce_axis((0, 3), name="rx")
+    Y = te.compute((1, 1, t0 - 2, 3), lambda n, m, o0, o1: te.sum(X[n, 0, o0 + ry, o1 + rx] * W[m, 0, ry, rx],
+                                                                    axis=[ry, rx]), name="conv")
+    x = np.arange(30, dtype=np.float32).reshape(1, 1, 6, 5)
+    w = np.ones((1, 1, 3, 3), np.float32)
+    y = np.zeros((1, 1, 4, 3), np.float32)
+    cuvil.build(cuvil.auto_schedule([X, W, Y]), [X, W, Y])(x, w, y)
+    want = np.array([[x[0, 0, i:i + 3, j:j + 3].sum() for j in range(3)] for i in range(4)])
+    np.testing.assert_array_equal(y[0, 0], want)

@@ -10,6 +10,7 @@ over when every statement below it uses its iterator as that axis.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +40,10 @@ def generate_ast(model: PolyModel, schedule: isl.UnionMap, separate: tuple[int, 
     build = isl.AstBuild.from_context(model.context)
     if separate:
         width = _width(schedule)
-        dims = ", ".join(f"t{k}" for k in range(width))
+        prefix = "t"
+        while any(n.startswith(prefix) for n in re.findall(r"\w+", model.param_str)):
+            prefix += "_"  # not a size's name
+        dims = ", ".join(f"{prefix}{k}" for k in range(width))
         opts = "; ".join(f"[{dims}] -> separate[{d}]" for d in separate)
         build = build.set_options(isl.UnionMap(f"{model.param_str} -> {{ {opts} }}"))
     return build.node_from_schedule_map(schedule.intersect_domain(model.domain))

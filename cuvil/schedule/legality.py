@@ -21,6 +21,7 @@ broken dependence in isl notation, and what would be legal.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import islpy as isl
@@ -136,8 +137,12 @@ def _events(model: PolyModel, tm: TimeMaps) -> tuple[isl.UnionMap, isl.UnionMap,
 
 
 def _carried(width: int, d: int, params: str) -> isl.Map:
-    t = [f"t{k}" for k in range(width)]
-    u = [f"u{k}" for k in range(width)]
+    taken = set(re.findall(r"\w+", params))  # a size named t0 must not be taken for time dimension t0
+    pt, pu = "t", "u"
+    while any(n.startswith((pt, pu)) for n in taken):
+        pt, pu = pt + "_", pu + "_"
+    t = [f"{pt}{k}" for k in range(width)]
+    u = [f"{pu}{k}" for k in range(width)]
     same = [f"{a} = {b}" for a, b in zip(t[:d], u[:d])]
     cond = " and ".join(same + [f"{t[d]} != {u[d]}"])
     return isl.Map(f"{params} -> {{ [{', '.join(t)}] -> [{', '.join(u)}] : {cond} }}")

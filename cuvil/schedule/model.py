@@ -258,9 +258,13 @@ class PolyModel:
     def _access(self, space: str, domain: isl.Set, t: Tensor, indices: tuple[Expr, ...],
                 names: dict[int, str]) -> isl.UnionMap:
         outs, cons = [], []
+        taken = set(names.values()) | set(self._param_names.values())
+        prefix = "o"
+        while any(n.startswith(prefix) and n[len(prefix):].isdigit() for n in taken):
+            prefix += "_"  # an axis named o0 must not be mistaken for the element's dimension o0
         for d, (ix, ext) in enumerate(zip(indices, t.shape)):
             a = isl_aff(ix, names)
-            o = f"o{d}"
+            o = f"{prefix}{d}"
             outs.append(o)
             if a is not None:
                 cons.append(f"{o} = {a}")
