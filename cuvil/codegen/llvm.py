@@ -52,11 +52,17 @@ def codegen_llvm(func: LoweredFunc, target: Target | str) -> str:
     module = ir.Module(name=func.name)
     module.triple = target.triple
     module.data_layout = str(tm.target_data)
+    emit_function(module, func, target)
+    return finish_ir_text(str(module), target)
+
+
+def emit_function(module: ir.Module, func: LoweredFunc, target: Target) -> None:
+    """Add ``func`` (its body and its ``int32 name(void** args, int64* sizes)`` entry point) to
+    ``module``; several functions of distinct names can share one module (cuvil.graph.link)."""
     _FuncEmitter(module, func, target).emit()
-    return _finish_text(str(module), target)
 
 
-def _finish_text(text: str, target: Target) -> str:
+def finish_ir_text(text: str, target: Target) -> str:
     """Add what llvmlite cannot spell: CPU attributes and self-referencing loop ids."""
     attrs = f'"target-cpu"="{target.cpu}"'
     if target.features:

@@ -75,7 +75,14 @@ def conv(ctx: NodeCtx) -> list:
     strides, dil, begin, out = _window(ctx, xs[2:], kernel)
     if g == 1 and all(k == 1 for k in kernel) and tuple(out) == xs[2:] and not any(begin):
         return [_pointwise_conv(ctx, xs, ws)]
-    X, W = ctx.tensor(0), ctx.tensor(1)
+    X = ctx.tensor(0)
+    has_bias = ctx.has(2)  # before compile-time constants are appended to the entries
+    w_read = _filter_panels(ctx, np.asarray(ctx.entries[1])) if g == 1 and ctx.known(1) else None
+    if w_read is None:
+        W = ctx.tensor(1)
+
+        def w_read(idx: tuple[Any, ...]) -> Any:
+            return W[idx]
     padded = [(begin[d], max(0, (out[d] - 1) * strides[d] + dil[d] * (kernel[d] - 1) + 1 - begin[d] - xs[2 + d]))
               for d in range(n_sp)]
     if any(a or b for a, b in padded):
@@ -96,14 +103,33 @@ def conv(ctx: NodeCtx) -> list:
     def body(n: Any, m: Any, *sp: Any) -> Any:
         c = rc if g == 1 else (m // per_group) * cg + rc
         src = (n, c) + tuple(sp[d] * strides[d] + rk[d] * dil[d] for d in range(n_sp))
-        return te.sum(X[src] * W[(m, rc) + tuple(rk)], axis=[rc] + rk)
+        return te.sum(X[src] * w_read((m, rc) + tuple(rk)), axis=[rc] + rk)
 
     shape = (xs[0], ws[0]) + tuple(out)
     y = te.compute(shape, body, name="conv")
-    if ctx.has(2):
+    if has_bias:
         b = ctx.tensor(2)
         y = te.compute(shape, lambda n, m, *sp: y[(n, m) + sp] + b[m], name="conv_bias")
     return [y]
+
+
+def _filter_panels(ctx: NodeCtx, w: np.ndarray) -> Any:
+    """Constant conv weights ``W[m, c, *k]`` packed at compile time into filter panels
+    ``[m // P, c, *k, m % P]`` (P = two vectors of the target), as a read function of ``(m, c, *k)``:
+    the auto-scheduler may then put filters in vector lanes (small images) without a per-call copy."""
+    tgt = ctx.target
+    if tgt is None or getattr(tgt, "kind", "") != "llvm" or w.dtype.kind != "f":
+        return None
+    p = 2 * max(4, tgt.vector_bits // (8 * w.dtype.itemsize))
+    m = w.shape[0]
+    if m < p:
+        return None
+    q = -(-m // p)
+    full = np.zeros((q * p,) + w.shape[1:], w.dtype)
+    full[:m] = w
+    panels = full.reshape((q, p) + w.shape[1:])
+    Wp = ctx.constant(np.ascontiguousarray(np.moveaxis(panels, 1, -1)), keyed=False)
+    return lambda idx: Wp[(idx[0] // p,) + tuple(idx[1:]) + (idx[0] % p,)]
 
 
 def _pointwise_conv(ctx: NodeCtx, xs: tuple[int, ...], ws: tuple[int, ...]) -> Shaped:
@@ -130,6 +156,7 @@ def _pointwise_conv(ctx: NodeCtx, xs: tuple[int, ...], ws: tuple[int, ...]) -> S
 def gemm(ctx: NodeCtx) -> list:
     ta, tb = int(ctx.attr("transA", 0)), int(ctx.attr("transB", 0))
     A = ctx.tensor(0)
+    has_c = ctx.has(2)  # before compile-time constants are appended to the entries
     panels = None
     if ctx.known(1) and len(ctx.shape(1)) == 2:
         # constant weights are packed at compile time: panels of columns the register tile reads whole
@@ -153,8 +180,8 @@ def gemm(ctx: NodeCtx) -> list:
         return panels(k, j) if panels is not None else B[j, k] if tb else B[k, j]
 
     y = te.compute((m, n), lambda i, j: te.sum((A[k, i] if ta else A[i, k]) * rhs(k, j), axis=k), name="gemm")
-    if ctx.has(2) or alpha != 1.0:
-        c = ctx.tensor(2) if ctx.has(2) else None
+    if has_c or alpha != 1.0:
+        c = ctx.tensor(2) if has_c else None
         if c is not None:
             broadcast_shapes(ctx, ctx.shape(2), (m, n))
 

@@ -37,7 +37,7 @@ def link_ir(kernels: Sequence[LoweredFunc], calls: Sequence[KernelCall], target:
     """The LLVM IR text (unoptimised) of the kernels and an entry point that calls them in order."""
     from llvmlite import ir
 
-    from cuvil.codegen.llvm import _finish_text, _FuncEmitter, target_machine
+    from cuvil.codegen.llvm import emit_function, finish_ir_text, target_machine
     from cuvil.codegen.llvm_expr import I32, I64, PTR
     from cuvil.target import Target
 
@@ -48,7 +48,7 @@ def link_ir(kernels: Sequence[LoweredFunc], calls: Sequence[KernelCall], target:
     for f in kernels:
         if f.size_vars:
             raise ValueError(f"kernel {f.name}: linked kernels have constant shapes, got sizes {f.size_vars}")
-        _FuncEmitter(module, f, tgt).emit()
+        emit_function(module, f, tgt)
     fn = ir.Function(module, ir.FunctionType(I32, [PTR]), entry)
     fn.attributes.add("nounwind")
     slots = fn.args[0]
@@ -80,7 +80,7 @@ def link_ir(kernels: Sequence[LoweredFunc], calls: Sequence[KernelCall], target:
         if ks is not None:
             sb.call(ks, [setter.args[0]])
     sb.ret_void()
-    return _finish_text(str(module), tgt)
+    return finish_ir_text(str(module), tgt)
 
 
 class LinkedModule:
