@@ -302,6 +302,16 @@ class AutoScheduler:
         return True
 
     def elementwise(self, st: Stage) -> None:
+        """Split the innermost loop by the vector width and vectorise it, run the outer loop in parallel:
+        proved legal once for the whole stage (element-wise stages, packing copies: legal by construction);
+        if isl refuses, the steps are retried one by one and the refused ones left out."""
+        try:
+            with self.s.deferred_checks(self.outputs):
+                self._elementwise(st, strict=True)
+        except ScheduleError:
+            self._elementwise(st, strict=False)
+
+    def _elementwise(self, st: Stage, strict: bool) -> None:
         axes = list(st.leaves)
         if not axes:
             return
@@ -313,12 +323,15 @@ class AutoScheduler:
             try:
                 st.vectorize(xi)
             except ScheduleError:
-                pass
-        if self._big(st) and const_int(st.leaves[0].extent) not in (None, 1):
+                if strict:
+                    raise
+        if self.knobs.get(st.name, {}).get("parallel", self._big(st)) and const_int(st.leaves[0].extent) not in (
+                None, 1):
             try:
                 st.parallel(st.leaves[0])
             except ScheduleError:
-                pass
+                if strict:
+                    raise
 
     @staticmethod
     def _work(st: Stage) -> int:
