@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     from cuvil import cli_onnx
 
     cli_onnx.add_parsers(sub)
+    from cuvil.autotune import cli as tune_cli
+
+    tune_cli.add_parser(sub)
     args = parser.parse_args(argv)
     if args.version:
         import cuvil
@@ -108,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     code = cli_onnx.dispatch(args)
     if code is not None:
         return code
+    if args.cmd == "tune":
+        return tune_cli.run(args)
     if args.cmd == "demo":
         return demo(args.size)
     if args.cmd == "info":

@@ -171,3 +171,20 @@ def test_reduce_axis_range_and_printing():
     assert k.min.value == 2 and k.extent.value == 5
     S = te.compute((1,), lambda i: te.sum(A[k], axis=k), name="S")
     assert str(S.op.body) == "sum(A[k], axis=[k])"
+
+
+def test_programs_survive_pickle():
+    # worker processes (the autotuner) receive te programs by pickle
+    import pickle
+
+    import numpy as np
+
+    import cuvil
+
+    A = te.placeholder((4,), name="A")
+    B = te.compute((4,), lambda i: A[i] * 2.0, name="B")
+    A2, B2 = pickle.loads(pickle.dumps((A, B)))
+    assert B2.op.input_tensors[0] is A2 and A2.shape[0].value == 4
+    a, b = np.arange(4, dtype=np.float32), np.empty(4, np.float32)
+    cuvil.build(te.create_schedule(B2), [A2, B2])(a, b)
+    np.testing.assert_array_equal(b, a * 2)

@@ -29,6 +29,11 @@ class Tensor:
     def __setattr__(self, key: str, value: Any) -> None:
         raise AttributeError("cuvil tensors are immutable")
 
+    def __setstate__(self, state: Any) -> None:  # pickle (worker processes): restore without __setattr__
+        slots = state[1] if isinstance(state, tuple) else state
+        for key, value in (slots or {}).items():
+            object.__setattr__(self, key, value)
+
     @property
     def ndim(self) -> int:
         return len(self.shape)
