@@ -139,3 +139,58 @@ def bert_encoder_model(layers: int = 2, hidden: int = 256, heads: int = 4, seq: 
     return b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", seq, hidden]),
                     helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", seq])],
                    [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", seq, hidden])])
+
+
+def resnet18(size: int = 224, seed: int = 0) -> object:
+    """ResNet-18: 7x7/2 stem, max pool, four stages of two basic blocks (64, 128, 256, 512), avg pool, FC."""
+    b = _Builder(seed)
+    y = b.conv_bn("x", 3, 64, 7, stride=2)
+    y = b.op("MaxPool", [y], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = 64
+    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        for k in range(2):
+            s = stride if k == 0 else 1
+            h = b.conv_bn(y, cin, cout, 3, stride=s)
+            h = b.conv_bn(h, cout, cout, 3, act=None)
+            short = b.conv_bn(y, cin, cout, 1, stride=s, act=None) if (s != 1 or cin != cout) else y
+            y = b.op("Relu", [b.op("Add", [h, short])])
+            cin = cout
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [y])], axis=1)
+    y = b.op("Gemm", [y, b.weight((1000, 512)), b.weight((1000,), 0.1)], transB=1)
+    b.nodes[-1].output[0] = "logits"
+    return b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])])
+
+
+def mobilenet_v2(size: int = 224, seed: int = 1) -> object:
+    """MobileNetV2 (width 1.0): inverted residual blocks with ReLU6, then 1x1 to 1280, avg pool, FC."""
+    b = _Builder(seed)
+    y = b.conv_bn("x", 3, 32, 3, stride=2, act="relu6")
+    cin = 32
+    for t, c, n, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                       (6, 160, 3, 2), (6, 320, 1, 1)):
+        for k in range(n):
+            stride = s if k == 0 else 1
+            h = b.conv_bn(y, cin, cin * t, 1, act="relu6") if t != 1 else y
+            h = b.conv_bn(h, cin * t, cin * t, 3, stride=stride, group=cin * t, act="relu6")
+            h = b.conv_bn(h, cin * t, c, 1, act=None)
+            y = b.op("Add", [h, y]) if stride == 1 and cin == c else h
+            cin = c
+    y = b.conv_bn(y, cin, 1280, 1, act="relu6")
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [y])], axis=1)
+    y = b.op("Gemm", [y, b.weight((1000, 1280)), b.weight((1000,), 0.1)], transB=1)
+    b.nodes[-1].output[0] = "logits"
+    return b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])])
+
+
+def mlp(batch: int = 64, dims: tuple[int, ...] = (784, 1024, 1024, 10), seed: int = 3) -> object:
+    b = _Builder(seed)
+    y = "x"
+    for k, (din, dout) in enumerate(zip(dims, dims[1:])):
+        y = b.linear(y, din, dout)
+        if k < len(dims) - 2:
+            y = b.op("Relu", [y])
+    b.nodes[-1].output[0] = "logits"
+    return b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, dims[0]])],
+                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, dims[-1]])])

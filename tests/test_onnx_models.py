@@ -20,7 +20,14 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import numpy_helper  # noqa: E402
-from onnx_models import bert_encoder_model, mobilenet_v2_block_model, resnet_block_model  # noqa: E402
+from onnx_models import (  # noqa: E402
+    bert_encoder_model,
+    mlp,
+    mobilenet_v2,
+    mobilenet_v2_block_model,
+    resnet18,
+    resnet_block_model,
+)
 
 import cuvil.onnx  # noqa: E402
 
@@ -102,3 +109,18 @@ def test_pytorch_like_model(build: object, batch: int) -> None:
     for g, r in zip(got, ref):
         assert g.shape == r.shape and g.dtype == r.dtype
         np.testing.assert_allclose(g, r, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("build", [lambda: resnet18(size=64), lambda: mobilenet_v2(size=64), mlp],
+                         ids=["resnet18", "mobilenet_v2", "mlp"])
+def test_whole_model(build: object) -> None:
+    # every layer of ResNet-18 and MobileNetV2 (at 64x64 to keep compile and run short; benchmarks/models.py
+    # runs them at 224x224) and an MLP, BatchNorm folded, weights packed at compile time
+    model = build()
+    onnx.checker.check_model(model)
+    sess = cuvil.onnx.InferenceSession(model)
+    (inp,) = sess.get_inputs()
+    x = np.random.default_rng(4).standard_normal(inp.shape).astype(np.float32)
+    (got,) = sess.run(None, {inp.name: x})
+    (ref,) = _ort_run(model, {inp.name: x})
+    np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
