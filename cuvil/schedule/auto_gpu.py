@@ -35,9 +35,10 @@ from __future__ import annotations
 from typing import Any
 
 from cuvil.errors import ScheduleError
-from cuvil.ir.expr import Cast, IterVar, Reduce, TensorRead
+from cuvil.ir.expr import IterVar, Reduce, TensorRead
 from cuvil.ir.functor import free_vars, walk
 from cuvil.schedule.axes import const_int
+from cuvil.schedule.contraction import product_operands
 from cuvil.schedule.schedule import Schedule, Stage
 from cuvil.te.tensor import ComputeOp, ScanOp
 
@@ -157,21 +158,10 @@ class GpuScheduler:
 
     # -- 2. contractions: shared-memory tiles --------------------------------------------
     def _operands(self, st: Stage) -> tuple[TensorRead, TensorRead] | None:
-        body = st.op.body
-        if not isinstance(body, Reduce) or body.name != "sum" or body.where is not None or len(st.op.axis) < 2:
+        pair = product_operands(st.op.body)
+        if pair is None or len(st.op.axis) < 2:
             return None
-        src = body.source
-        while isinstance(src, Cast):
-            src = src.value
-        if getattr(src, "op", None) != "mul":
-            return None
-        ops = []
-        for x in (src.a, src.b):
-            while isinstance(x, Cast):
-                x = x.value
-            if not isinstance(x, TensorRead):
-                return None
-            ops.append(x)
+        ops = list(pair)
         i, j = st.op.axis[-2], st.op.axis[-1]
 
         def reads(r: TensorRead, a: IterVar) -> bool:

@@ -39,7 +39,8 @@ class Contraction:
     panel: int | None = None  # the vector operand is already packed: read at [..., j // panel, ..., j % panel]
 
 
-def _operands(body: Expr) -> tuple[TensorRead, TensorRead] | None:
+def product_operands(body: Expr) -> tuple[TensorRead, TensorRead] | None:
+    """The two reads of ``sum(X[...] * Y[...])`` (casts around them allowed), or None."""
     if not isinstance(body, Reduce) or body.name != "sum" or body.where is not None:
         return None
     src = body.source
@@ -111,7 +112,7 @@ def panel_width(read: TensorRead, v: IterVar) -> int | None:
 
 def contraction_candidates(op: ComputeOp) -> list[Contraction]:
     """Every (vector operand, j) pair of ``op`` with the innermost admissible i, unpacked ones first."""
-    pair = _operands(op.body)
+    pair = product_operands(op.body)
     if pair is None:
         return []
     unpacked: list[Contraction] = []
