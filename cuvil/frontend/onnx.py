@@ -246,6 +246,13 @@ class CompiledGraph:
         self.module = LinkedModule(kernels, linked_calls, target) if linked_calls else None
         self._feeds = [(k, s.name) for k, s in enumerate(slots) if s.kind == "feed"]
         self._consts = {k: s.array for k, s in enumerate(slots) if s.kind == "const"}
+        # temporaries that are not returned share one arena, reused by lifetime (cuvil.graph.memplan)
+        from cuvil.graph.memplan import lifetimes, plan_memory
+
+        returned = {e.slot for _, e in outputs if isinstance(e, Runtime)}
+        self._temp_bytes = {k: max(s.size, 1) * np.dtype(s.dtype).itemsize for k, s in enumerate(slots)
+                            if s.kind == "temp" and k not in returned}
+        self.memory = plan_memory(lifetimes([((), args) for _, args in calls], self._temp_bytes))
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays: list[np.ndarray | None] = [None] * len(self.slots)
@@ -253,9 +260,15 @@ class CompiledGraph:
             arrays[k] = _contiguous(feeds[name])
         for k, a in self._consts.items():
             arrays[k] = a
+        arena = np.empty(max(self.memory.arena_bytes, 1), np.uint8)
         for k, s in enumerate(self.slots):
-            if s.kind == "temp":
-                arrays[k] = np.empty(max(s.size, 1), s.dtype)
+            if s.kind != "temp":
+                continue
+            if k in self.memory.offsets:
+                off = self.memory.offsets[k]
+                arrays[k] = arena[off:off + self._temp_bytes[k]].view(s.dtype)
+            else:
+                arrays[k] = np.empty(max(s.size, 1), s.dtype)  # returned to the caller
         if self.module is not None:
             rc = self.module([a.ctypes.data for a in arrays])  # type: ignore[union-attr]
             if rc:
