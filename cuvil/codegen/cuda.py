@@ -41,7 +41,7 @@ from cuvil.ir import expr as E
 from cuvil.ir.expr import Binary, Const, Expr, Var
 from cuvil.ir.functor import free_vars
 from cuvil.ir.simplify import _linear, simplify_expr
-from cuvil.ir.stmt import GPU_TAGS, Allocate, Block, Buffer, For, If, LetStmt, LoweredFunc, Stmt, Store
+from cuvil.ir.stmt import GPU_TAGS, Allocate, Block, Buffer, For, If, LetStmt, LoweredFunc, Stmt, Store, sub_stmts
 
 MAX_THREADS = 1024
 UNROLL = 64  # loop nests inside thread regions with at most this many innermost iterations are unrolled
@@ -361,13 +361,7 @@ def _thread_extents(s: Stmt, free: set[int]) -> dict[str, int]:
                 b = _bound(simplify_expr(x.extent), free)
                 if isinstance(b, Const):
                     out[x.kind] = max(out.get(x.kind, 1), int(b.value))
-            stack.append(x.body)
-        elif isinstance(x, Block):
-            stack.extend(x.stmts)
-        elif isinstance(x, (LetStmt, Allocate)):
-            stack.append(x.body)
-        elif isinstance(x, If):
-            stack.extend(b for b in (x.then_body, x.else_body) if b is not None)
+        stack.extend(sub_stmts(x))
     return out
 
 
@@ -476,12 +470,8 @@ def _unrolled_size(s: For) -> int:
         x = stack.pop()
         if isinstance(x, For):
             inner = max(inner, _unrolled_size(x))
-        elif isinstance(x, Block):
-            stack.extend(x.stmts)
-        elif isinstance(x, (LetStmt, Allocate)):
-            stack.append(x.body)
-        elif isinstance(x, If):
-            stack.extend(b for b in (x.then_body, x.else_body) if b is not None)
+        else:
+            stack.extend(sub_stmts(x))
     return int(s.extent.value) * inner
 
 
@@ -491,18 +481,9 @@ def _tags(s: Stmt, prefix: str) -> frozenset[str]:
     stack = [s]
     while stack:
         x = stack.pop()
-        if isinstance(x, Block):
-            stack.extend(x.stmts)
-        elif isinstance(x, For):
-            if x.kind.startswith(prefix):
-                out.add(x.kind)
-            stack.append(x.body)
-        elif isinstance(x, (LetStmt, Allocate)):
-            stack.append(x.body)
-        elif isinstance(x, If):
-            stack.append(x.then_body)
-            if x.else_body is not None:
-                stack.append(x.else_body)
+        if isinstance(x, For) and x.kind.startswith(prefix):
+            out.add(x.kind)
+        stack.extend(sub_stmts(x))
     return frozenset(out)
 
 

@@ -104,6 +104,18 @@ class Allocate(Stmt):
     body: Stmt
 
 
+def sub_stmts(s: Stmt) -> tuple[Stmt, ...]:
+    """The statements directly inside ``s``: a loop's, let's or allocation's body, a block's statements,
+    both sides of an if (none for a store)."""
+    if isinstance(s, Block):
+        return s.stmts
+    if isinstance(s, (For, LetStmt, Allocate)):
+        return (s.body,)
+    if isinstance(s, If):
+        return (s.then_body,) if s.else_body is None else (s.then_body, s.else_body)
+    return ()
+
+
 def block(stmts: list[Stmt] | tuple[Stmt, ...]) -> Stmt:
     """A Block of ``stmts`` with nested blocks flattened; one statement stays itself."""
     flat: list[Stmt] = []

@@ -135,21 +135,14 @@ class Module(NativeFunction):
 
 def _gpu_bound_loop(s: Any) -> str | None:
     """The name of a loop bound to blockIdx/threadIdx in ``s``, if any."""
-    from cuvil.ir.stmt import GPU_TAGS, Allocate, Block, For, If, LetStmt
+    from cuvil.ir.stmt import GPU_TAGS, For, sub_stmts
 
     stack = [s]
     while stack:
         x = stack.pop()
-        if isinstance(x, For):
-            if x.kind in GPU_TAGS:
-                return f"{x.var.name} ({x.kind})"
-            stack.append(x.body)
-        elif isinstance(x, Block):
-            stack.extend(x.stmts)
-        elif isinstance(x, (LetStmt, Allocate)):
-            stack.append(x.body)
-        elif isinstance(x, If):
-            stack.extend(b for b in (x.then_body, x.else_body) if b is not None)
+        if isinstance(x, For) and x.kind in GPU_TAGS:
+            return f"{x.var.name} ({x.kind})"
+        stack.extend(sub_stmts(x))
     return None
 
 
