@@ -79,12 +79,44 @@ def test_database_best_count_resume_and_jsonl(tmp_path) -> None:
         db.add(quiet)
         db.add(busy)
         assert db.best("r", "tgt", 1).config == {"C": {"mr": 2}} and busy.relative == 0.5
+    with Database(":memory:") as db:  # a final round's winner is the best, whatever the in-run times said
+        for r in (_rec("f", 1, 1e-3), _rec("f", 2, 0.5e-3), _rec("f", 3, 0.9e-3)):
+            r.ref_time_s = 1e-3
+            db.add(r)
+        h = [config_hash({"C": {"mr": i}}) for i in (1, 2, 3)]
+        db.set_final("f", "tgt", 1, [(h[0], 2e-3, 2e-3), (h[1], 2.4e-3, 2e-3)], when=1.0)
+        assert db.best("f", "tgt", 1).config == {"C": {"mr": 1}}  # the untuned one (mr 1) won the round
+        db.set_final("f", "tgt", 1, [(h[0], 2e-3, 2e-3), (h[2], 1.8e-3, 2e-3)], when=2.0)
+        best = db.best("f", "tgt", 1)  # the latest round counts
+        assert best.config == {"C": {"mr": 3}} and best.final_relative == pytest.approx(0.9)
+        db.export_jsonl(tmp_path / "final.jsonl")
+    with Database(":memory:") as db:
+        db.import_jsonl(tmp_path / "final.jsonl")
+        assert db.best("f", "tgt", 1).final_round == 2.0
+    import sqlite3
+
+    old = sqlite3.connect(tmp_path / "old.db")  # a file written before final rounds existed gets the columns
+    old.executescript(_OLD_SCHEMA)
+    old.close()
+    with Database(tmp_path / "old.db") as db:
+        assert db.add(_rec("o", 1, 1e-3)) and db.best("o", "tgt", 1).final_round is None
     (tmp_path / "bad.jsonl").write_text('{"workload": "k"}\n')
     with pytest.raises(DatabaseError, match="bad.jsonl:1"):
         Database(":memory:").import_jsonl(tmp_path / "bad.jsonl")
     (tmp_path / "junk.db").write_bytes(b"not a database" * 100)
     with pytest.raises(DatabaseError, match="cannot open"):
         Database(tmp_path / "junk.db")
+
+
+_OLD_SCHEMA = """
+CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO meta VALUES ('schema', '1');
+CREATE TABLE records (id INTEGER PRIMARY KEY AUTOINCREMENT, workload TEXT NOT NULL, target TEXT NOT NULL,
+    threads INTEGER NOT NULL, config_hash TEXT NOT NULL, config TEXT NOT NULL, status TEXT NOT NULL, time_s REAL,
+    ref_time_s REAL, trace TEXT NOT NULL DEFAULT '[]', names TEXT NOT NULL DEFAULT '{}',
+    features TEXT NOT NULL DEFAULT '{}', error TEXT NOT NULL DEFAULT '', flops REAL NOT NULL DEFAULT 0,
+    created REAL NOT NULL, UNIQUE (workload, target, threads, config_hash));
+"""
 
 
 def test_space_default_is_the_untuned_schedule() -> None:
@@ -234,3 +266,94 @@ def test_tune_subcommand(tmp_path, capsys) -> None:
         assert "kernel_programs" in capsys.readouterr().err
     cli.plot_curve([(0, 3e-3), (8, 2e-3)], str(tmp_path / "c.svg"))
     assert (tmp_path / "c.svg").read_text().startswith("<svg")
+
+
+class _FakeBuilder:
+    """Schedules in-process (no compiling): the trace is the real one, the library an empty file."""
+
+    def __init__(self, args: list):
+        self.args = args
+
+    def build(self, jobs):
+        from cuvil.autotune.measure import BuildResult
+
+        out = []
+        for j in jobs:
+            open(j.path, "w").close()
+            trace = trace_to_json(auto_schedule(self.args, knobs=j.config).trace)
+            out.append(BuildResult(j.trial, j.config, "ok", j.path, trace))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class _OptimisticRunner:
+    """A made-up machine whose in-run measurements flatter the candidates (0.7 ms: each looks faster than the
+    untuned schedule's 1 ms) and whose final round tells the truth: ``true(config)`` seconds."""
+
+    def __init__(self, true, default: dict):
+        self.true, self.default, self.finals = true, default, 0
+
+    def set_inputs(self, inputs, outputs) -> None:
+        pass
+
+    def reference(self, build):
+        from cuvil.autotune.measure import RunResult
+
+        return RunResult("ok")
+
+    def run(self, builds, best_rel=None):
+        from cuvil.autotune.measure import RunResult
+
+        return [RunResult("ok", 1e-3 if b.config == self.default else 0.7e-3, "", 1e-3) for b in builds]
+
+    def final(self, builds, rounds=7):
+        from cuvil.autotune.measure import RunResult
+
+        self.finals += 1
+        return [RunResult("ok", self.true(b.config), "", 1e-3) for b in builds]
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("faster", [False, True])
+def test_final_round_decides_and_includes_the_untuned_schedule(tmp_path, faster: bool) -> None:
+    args = matmul(128, 128, 128)
+    space = Space(args, "llvm", 1)
+    default = space.default()
+    special = {"C": {**default["C"], "mr": 4, "nr": 16}}
+
+    def true(cfg: dict) -> float:  # every candidate is slower than the untuned schedule, or one is faster
+        if cfg == default:
+            return 1e-3
+        return 0.8e-3 if faster and cfg == special else 1.2e-3
+
+    db = str(tmp_path / "final.db")
+    with Database(db) as d:  # an earlier run measured `special` (optimistically): it is a finalist too
+        d.add(Record(workload_of(args).key, cuvil.Target("llvm").canonical, 1, config_hash(special), special, "ok",
+                     0.6e-3, trace_to_json(auto_schedule(args, knobs=special).trace), workload_of(args).names,
+                     ref_time_s=1e-3))
+    runner = _OptimisticRunner(true, default)
+    res = cuvil.autotune.tune(args, trials=9, db=db, num_threads=1, batch_size=4, builder=_FakeBuilder(args),
+                              runner=runner, progress=False, final_top=3)
+    assert runner.finals == 1 and res.measured == 8 and len(res.final) == 4  # the best 3 + the untuned
+    want = special if faster else default
+    assert res.config == want and res.final[0][0] == want
+    assert res.speedup == pytest.approx(1.25 if faster else 1.0) and res.best_time_s == true(want)
+    assert any(c == default and rel == 1.0 for c, rel in res.final)
+    with Database(db) as d:  # what build(tuning_db=) replays: the final round's winner, the untuned included
+        best = d.best(res.workload_key, res.target, 1)
+        assert best.config == want and best.final_relative == pytest.approx(1 / res.speedup)
+    cuvil.set_num_threads(1)
+    try:
+        from cuvil.autotune.replay import apply_best
+
+        s = apply_best(te.create_schedule(args[2]), args, "llvm", db)
+    finally:
+        cuvil.set_num_threads(None)
+    assert trace_to_json(s.trace) == trace_to_json(auto_schedule(args, knobs=want).trace)
+    again = cuvil.autotune.tune(args, trials=9, db=db, num_threads=1, builder=_FakeBuilder(args), runner=runner,
+                                progress=False)
+    assert again.measured == 0 and runner.finals == 1 and again.config == want  # a rerun measures nothing

@@ -36,7 +36,12 @@ def test_tune_rerun_and_build_from_the_database(tmp_path, caplog) -> None:
     with Database(db) as d:
         recs = d.records(res.workload_key)
     assert len({r.config_hash for r in recs}) == 4 and all(r.ref_time_s for r in recs)
-    assert min(r.relative for r in recs) == pytest.approx(1 / res.speedup)
+    # the run ended with a final round: every correct candidate (4 <= final_top + 1) and the untuned schedule
+    finalists = [r for r in recs if r.final_relative is not None]
+    assert len(finalists) == len(res.final) == sum(r.ok for r in recs) and recs[0] in finalists
+    assert recs[0].final_relative == 1.0 and min(rel for _, rel in res.final) == pytest.approx(1 / res.speedup)
+    best = min(finalists, key=lambda r: r.final_relative)  # the database's best: the final round's winner
+    assert best.config == res.config and best.final_time_s == res.best_time_s and res.speedup >= 1.0
     # the same computation under other names gets the best record's trace
     X, W, Y = matmul(48, "XWYr")
     cuvil.set_num_threads(1)
@@ -46,7 +51,6 @@ def test_tune_rerun_and_build_from_the_database(tmp_path, caplog) -> None:
     finally:
         cuvil.set_num_threads(None)
     assert "replaced the 0 steps" in caplog.text
-    best = min((r for r in recs if r.ok), key=lambda r: r.relative)  # the database ranks by time / untuned
     assert best.trace == res.trace
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((48, 48), dtype=np.float32), rng.standard_normal((48, 48), dtype=np.float32)

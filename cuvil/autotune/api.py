@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from cuvil.autotune.database import Database, Record
-from cuvil.autotune.measure import Builder, BuildJob, LocalBuilder, LocalRunner, Runner
+from cuvil.autotune.measure import Builder, BuildJob, BuildResult, LocalBuilder, LocalRunner, Runner
 from cuvil.autotune.search import STRATEGIES, Search
 from cuvil.autotune.space import Space, config_hash
 from cuvil.autotune.workload import Workload, workload_of
@@ -51,7 +51,9 @@ class TuneResult:
     untuned_time_s: float | None = None
     curve: list[float] = field(default_factory=list)  # best so far after each of this call's trials (seconds,
     # relative to the untuned schedule and scaled by its time in this call's first batch)
-    speedup: float | None = None  # the untuned schedule's time / the best's, both timed in the best's batch
+    speedup: float | None = None  # the untuned schedule's time / the best's (in the final round when there was one)
+    final: list[tuple[dict[str, Any], float]] = field(default_factory=list)  # this call's final round: each
+    # finalist's configuration and its time relative to the untuned schedule's, fastest first
 
     def __str__(self) -> str:
         if self.best_time_s is None:
@@ -106,7 +108,8 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
          timeout_s: float = 10.0, num_threads: int | None = None, *, search: str = "evolutionary",
          seed: int = 0, batch_size: int | None = None, inputs: Sequence[np.ndarray] | None = None,
          builder: Builder | None = None, runner: Runner | None = None, progress: bool | None = None,
-         repeat: int = 5, build_timeout_s: float | None = None) -> TuneResult:
+         repeat: int = 5, build_timeout_s: float | None = None, final_top: int = 4,
+         final_rounds: int = 7) -> TuneResult:
     """Tune the schedule of the program with arguments ``args`` until the database holds ``trials`` records.
 
     ``timeout_s`` bounds one candidate's run (``build_timeout_s``, default ``6 * timeout_s``, its build:
@@ -115,6 +118,12 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
     thread count) is the thread count candidates run with; records are kept per thread count.
     ``search`` is "evolutionary" (model-guided) or "random"; ``inputs`` replaces the random inputs
     (one array per input tensor); ``builder`` / ``runner`` replace the local process-based ones.
+
+    A run that measured anything ends with a final round: the ``final_top`` best records (by their time
+    relative to the untuned schedule during the run) and the untuned schedule itself are timed against
+    each other in ``final_rounds`` interleaved rounds by the same runner, and the winner of that round is
+    the database's best from then on (the untuned schedule when nothing beat it), with the time it had there.
+    In-run times are optimistic for the best of many noisy measurements; the final round is not.
     """
     from cuvil.runtime.threads import get_num_threads
     from cuvil.target import Target
@@ -154,8 +163,15 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
             builder = builder or LocalBuilder(args, tgt.canonical, timeout_s=build_timeout_s or 6 * timeout_s)
             runner = runner or LocalRunner(threads, timeout_s=timeout_s, repeat=repeat)
             try:
-                return _loop(args, wl, threads, trials, done, database, space, strategy, builder, runner,
-                             list(inputs), shapes, tmp, batch_size or 8, _progress(progress))
+                show = _progress(progress)
+                res, kept = _loop(args, wl, threads, trials, done, database, space, strategy, builder, runner,
+                                  list(inputs), shapes, tmp, batch_size or 8, show)
+                if res.measured and final_top > 0:
+                    final = _final_round(wl, threads, database, space, builder, runner, kept, tmp, final_top,
+                                         final_rounds, show)
+                    res = _result(database, wl, threads, res.measured, res.failed, res.curve, res.untuned_time_s,
+                                  final)
+                return res
             finally:
                 if own_builder:
                     builder.close()
@@ -172,7 +188,7 @@ def _progress(flag: bool | None) -> bool:
 
 def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: int, db: Database, space: Space,
           strategy: Search, builder: Builder, runner: Runner, inputs: list[np.ndarray], shapes: list[Any],
-          tmp: str, batch: int, show: bool) -> TuneResult:
+          tmp: str, batch: int, show: bool) -> tuple[TuneResult, dict[str, BuildResult]]:
     runner.set_inputs(inputs, [(shape, dtype) for _, shape, dtype, is_in in shapes if not is_in])
     default = space.default()
     best = db.best(wl.key, wl.target, threads)
@@ -184,6 +200,7 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
     first = config_hash(default) not in strategy.seen  # a fresh run: the untuned schedule is trial 0
     ref_build = None
     ref_path = os.path.join(tmp, "reference.so")
+    kept: dict[str, BuildResult] = {}  # config hash -> the build of every correct candidate of this call
     start = time.monotonic()
     while done < trials:
         n = min(batch, trials - done)
@@ -205,6 +222,7 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
             ref = runner.reference(ref_build)
             if ref.status != "ok":
                 raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not run: {ref.error}")
+            kept[config_hash(default)] = ref_build
             builds = builds[len(extra):]
         results = runner.run(builds, best_rel)  # each timed in turns with the untuned schedule
         for b, r in zip(builds, results):
@@ -227,7 +245,9 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
                 log.info("tune: trial %d failed (%s): %s", b.trial, r.status, r.error.splitlines()[0] if r.error
                          else "")
             curve.append(best_rel * ref0 if best_rel is not None and ref0 else math.inf)
-            if b.path and b.path != ref_path and os.path.exists(b.path):
+            if r.status == "ok":
+                kept[config_hash(b.config)] = b  # the library stays until the final round
+            elif b.path and b.path != ref_path and os.path.exists(b.path):
                 os.unlink(b.path)
         done += len(cfgs)
         first = False
@@ -239,16 +259,68 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
                 else "none yet"
             print(f"\r[cuvil tune {wl.key}] {done}/{trials} trials, best {best_txt}, {failed} failed, "
                   f"eta {eta:.0f} s   ", end="" if done < trials else "\n", file=sys.stderr, flush=True)
-    return _result(db, wl, threads, measured, failed, curve, untuned)
+    return _result(db, wl, threads, measured, failed, curve, untuned), kept
+
+
+def _final_round(wl: Workload, threads: int, db: Database, space: Space, builder: Builder, runner: Runner,
+                 kept: dict[str, BuildResult], tmp: str, top: int, rounds: int, show: bool) -> list[tuple[dict, float]]:
+    """Time the ``top`` best records (by in-run relative time), the database's best so far and the untuned
+    schedule against each other (see :func:`tune`); record the round; the finalists fastest first."""
+    if not hasattr(runner, "final"):
+        log.info("tune: the runner has no final round; the best in-run measurement stands")
+        return []
+    default = space.default()
+    dh = config_hash(default)
+    recs = [r for r in db.records(wl.key, wl.target, threads) if r.ok and r.relative]
+    chosen = [r.config for r in sorted(recs, key=lambda r: r.relative)[:top]]  # type: ignore[arg-type,return-value]
+    best = db.best(wl.key, wl.target, threads)
+    configs: dict[str, dict[str, Any]] = {dh: default}
+    for c in chosen + ([best.config] if best is not None else []):
+        configs.setdefault(config_hash(c), c)
+    if len(configs) < 2:
+        return []
+    missing = [BuildJob(-2 - n, c, os.path.join(tmp, f"final{n}.so"))
+               for n, (h, c) in enumerate(configs.items()) if h not in kept or not os.path.exists(kept[h].path)]
+    for b in builder.build(missing) if missing else []:
+        kept[config_hash(b.config)] = b
+    builds = [kept[h] for h in configs if h in kept and kept[h].status == "ok"]
+    if not builds or config_hash(builds[0].config) != dh:
+        log.warning("tune: the untuned schedule of %s did not build for the final round; the best in-run "
+                    "measurement stands", wl.describe())
+        return []
+    results = runner.final(builds, rounds)
+    if results[0].status != "ok" or not results[0].time_s:
+        log.warning("tune: the final round of %s failed (%s); the best in-run measurement stands", wl.describe(),
+                    results[0].error.splitlines()[0] if results[0].error else results[0].status)
+        return []
+    have = {r.config_hash for r in db.records(wl.key, wl.target, threads)}
+    entries = []
+    for b, r in zip(builds, results):
+        h = config_hash(b.config)
+        if r.status != "ok" or not r.time_s or not r.ref_time_s:
+            log.warning("tune: finalist %s of %s failed in the final round (%s)", h, wl.describe(), r.status)
+            continue
+        if h not in have:  # the untuned schedule of a database that never measured it (an imported log)
+            db.add(Record(wl.key, wl.target, threads, h, b.config, "ok", r.time_s, b.trace, wl.names,
+                          {"loops": b.loop_features}, "", wl.flops, ref_time_s=r.ref_time_s))
+        entries.append((h, b.config, r.time_s, r.ref_time_s))
+    db.set_final(wl.key, wl.target, threads, [(h, t, ref) for h, _, t, ref in entries])
+    out = sorted(((c, t / ref) for _, c, t, ref in entries), key=lambda x: x[1])
+    if show:
+        won = "the untuned schedule" if config_hash(out[0][0]) == dh else f"{1 / out[0][1]:.2f}x the untuned"
+        print(f"[cuvil tune {wl.key}] final round of {len(entries)} ({rounds} rounds): {won}", file=sys.stderr)
+    return out
 
 
 def _result(db: Database, wl: Workload, threads: int, measured: int, failed: int, curve: list[float],
-            untuned: float | None) -> TuneResult:
+            untuned: float | None, final: list[tuple[dict, float]] | None = None) -> TuneResult:
     best = db.best(wl.key, wl.target, threads)
     total = db.count(wl.key, wl.target, threads)
     if best is None:
         return TuneResult(None, None, "[]", {}, wl.key, wl.target, threads, measured, total, failed, untuned, curve)
-    gf = wl.flops / best.time_s / 1e9 if wl.flops and best.time_s else None
-    rel = best.relative
-    return TuneResult(best.time_s, gf, best.trace, best.config, wl.key, wl.target, threads, measured, total,
-                      failed, untuned, curve, 1.0 / rel if rel else None)
+    t, rel = best.time_s, best.relative
+    if best.final_relative is not None:  # the final round's time of the winner
+        t, rel, untuned = best.final_time_s, best.final_relative, best.final_ref_s
+    gf = wl.flops / t / 1e9 if wl.flops and t else None
+    return TuneResult(t, gf, best.trace, best.config, wl.key, wl.target, threads, measured, total, failed, untuned,
+                      curve, 1.0 / rel if rel else None, list(final or []))

@@ -48,6 +48,9 @@ CREATE TABLE IF NOT EXISTS records (
     error TEXT NOT NULL DEFAULT '',
     flops REAL NOT NULL DEFAULT 0,
     created REAL NOT NULL,
+    final_time_s REAL,
+    final_ref_s REAL,
+    final_round REAL,
     UNIQUE (workload, target, threads, config_hash)
 );
 CREATE INDEX IF NOT EXISTS records_by_key ON records (workload, target, threads, status, time_s);
@@ -72,6 +75,10 @@ class Record:
     flops: float = 0.0
     created: float = 0.0
     ref_time_s: float | None = None  # the untuned schedule's time, measured beside this candidate
+    # the final round of a tuning run (finalists and the untuned schedule timed against each other):
+    final_time_s: float | None = None  # median seconds in that round
+    final_ref_s: float | None = None  # the untuned schedule's seconds implied by the median ratio in that round
+    final_round: float | None = None  # when that round was (it identifies the round)
 
     @property
     def ok(self) -> bool:
@@ -83,6 +90,13 @@ class Record:
         if not self.ok:
             return None
         return self.time_s / self.ref_time_s if self.ref_time_s else None  # type: ignore[operator]
+
+    @property
+    def final_relative(self) -> float | None:
+        """Seconds relative to the untuned schedule in the final round of a tuning run (None: not a finalist)."""
+        if self.final_round is None or not self.final_time_s or not self.final_ref_s:
+            return None
+        return self.final_time_s / self.final_ref_s
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -107,6 +121,10 @@ class Database:
                 self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.executescript(_SCHEMA)
+            have = {row[1] for row in self.conn.execute("PRAGMA table_info(records)")}
+            for col in ("final_time_s", "final_ref_s", "final_round"):  # files written before the final round
+                if col not in have:
+                    self.conn.execute(f"ALTER TABLE records ADD COLUMN {col} REAL")
             row = self.conn.execute("SELECT value FROM meta WHERE name='schema'").fetchone()
             if row is None:
                 self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
@@ -135,14 +153,30 @@ class Database:
             with self._transaction():
                 cur = self.conn.execute(
                     "INSERT OR IGNORE INTO records (workload, target, threads, config_hash, config, status, time_s,"
-                    " trace, names, features, error, flops, created, ref_time_s) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    " trace, names, features, error, flops, created, ref_time_s, final_time_s, final_ref_s,"
+                    " final_round) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (r.workload, r.target, int(r.threads), r.config_hash, json.dumps(r.config, sort_keys=True),
                      r.status, r.time_s, r.trace, json.dumps(r.names, sort_keys=True),
                      json.dumps(r.features, sort_keys=True), r.error[:4000], float(r.flops),
-                     r.created or time.time(), r.ref_time_s))
+                     r.created or time.time(), r.ref_time_s, r.final_time_s, r.final_ref_s, r.final_round))
             return cur.rowcount == 1
         except sqlite3.DatabaseError as exc:
             raise DatabaseError(f"cannot write to the tuning database {self.path!r}: {exc}") from None
+
+    def set_final(self, workload: str, target: str, threads: int, results: list[tuple[str, float, float]],
+                  when: float | None = None) -> float:
+        """Record a final round (one transaction): ``results`` are (config hash, median seconds, the untuned
+        schedule's seconds by the median ratio) of records already stored.  Returns the round's stamp."""
+        stamp = when or time.time()
+        try:
+            with self._transaction():
+                for h, t, ref in results:
+                    self.conn.execute("UPDATE records SET final_time_s=?, final_ref_s=?, final_round=? WHERE "
+                                      "workload=? AND target=? AND threads=? AND config_hash=?",
+                                      (t, ref, stamp, workload, target, int(threads), h))
+        except sqlite3.DatabaseError as exc:
+            raise DatabaseError(f"cannot write to the tuning database {self.path!r}: {exc}") from None
+        return stamp
 
     class _Tx:
         def __init__(self, conn: sqlite3.Connection):
@@ -159,11 +193,12 @@ class Database:
 
     # -- reading --------------------------------------------------------------------------
     _COLS = "workload, target, threads, config_hash, config, status, time_s, trace, names, features, error, " \
-            "flops, created, ref_time_s"
+            "flops, created, ref_time_s, final_time_s, final_ref_s, final_round"
 
     def _record(self, row: tuple[Any, ...]) -> Record:
-        w, t, th, h, cfg, st, ts, tr, nm, ft, err, fl, cr, ref = row
-        return Record(w, t, th, h, json.loads(cfg), st, ts, tr, json.loads(nm), json.loads(ft), err, fl, cr, ref)
+        w, t, th, h, cfg, st, ts, tr, nm, ft, err, fl, cr, ref, fts, frs, frd = row
+        return Record(w, t, th, h, json.loads(cfg), st, ts, tr, json.loads(nm), json.loads(ft), err, fl, cr, ref,
+                      fts, frs, frd)
 
     def records(self, workload: str | None = None, target: str | None = None,
                 threads: int | None = None) -> list[Record]:
@@ -180,15 +215,21 @@ class Database:
     def best(self, workload: str, target: str, threads: int | None = None) -> Record | None:
         """The fastest correct record (any thread count when ``threads`` is None).
 
-        Records are compared by their time relative to the untuned schedule timed beside them, so a
-        candidate that happened to run while the machine was quiet does not win on luck; records
-        without that reference time compare by their own time, scaled by the median reference."""
+        When a tuning run ended with a final round (its best candidates and the untuned schedule timed
+        against each other), the winner of the latest such round.  Otherwise records are compared by their
+        time relative to the untuned schedule timed beside them, so a candidate that happened to run while
+        the machine was quiet does not win on luck; records without that reference time compare by their
+        own time, scaled by the median reference."""
         where, params = self._where(workload, target, threads)
         rows = self.conn.execute(f"SELECT {self._COLS} FROM records{where} AND status='ok' AND time_s IS NOT NULL",
                                  params).fetchall()
         recs = [self._record(r) for r in rows]
         if not recs:
             return None
+        finals = [r for r in recs if r.final_relative is not None]
+        if finals:
+            last = max(r.final_round for r in finals)  # type: ignore[type-var]
+            return min((r for r in finals if r.final_round == last), key=lambda r: r.final_relative)  # type: ignore
         refs = sorted(r.ref_time_s for r in recs if r.ref_time_s)
         mid = refs[len(refs) // 2] if refs else 1.0
         return min(recs, key=lambda r: (r.time_s / r.ref_time_s) if r.ref_time_s else r.time_s / mid)  # type: ignore

@@ -24,7 +24,7 @@ import os
 import pickle
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
@@ -70,6 +70,7 @@ class Runner(Protocol):
     def set_inputs(self, inputs: Sequence[Any], outputs: Sequence[tuple[tuple[int, ...], str]]) -> None: ...
     def reference(self, build: BuildResult) -> RunResult: ...
     def run(self, builds: Sequence[BuildResult], best_rel: float | None = None) -> list[RunResult]: ...
+    def final(self, builds: Sequence[BuildResult], rounds: int = 7) -> list[RunResult]: ...
     def close(self) -> None: ...
 
 
@@ -156,8 +157,8 @@ def dump_program(args: Sequence[Any]) -> bytes:
     return buf.getvalue()
 
 
-def _builder_main(conn: Connection, payload: bytes, target: str, build_fn: Callable[..., Any]) -> None:
-    args = pickle.loads(payload)
+def _requests(conn: Connection) -> Iterator[Any]:
+    """The requests a worker process receives, until the parent sends None or goes away."""
     while True:
         try:
             msg = conn.recv()
@@ -165,7 +166,12 @@ def _builder_main(conn: Connection, payload: bytes, target: str, build_fn: Calla
             return
         if msg is None:
             return
-        trial, config, path = msg
+        yield msg
+
+
+def _builder_main(conn: Connection, payload: bytes, target: str, build_fn: Callable[..., Any]) -> None:
+    args = pickle.loads(payload)
+    for trial, config, path in _requests(conn):
         t0 = time.perf_counter()
         try:
             trace, feats = build_fn(args, target, config, path, trial)
@@ -186,13 +192,7 @@ def _runner_main(conn: Connection, threads: int, flush_bytes: int, call_fn: Call
     ref: list[np.ndarray] | None = None
     ref_mod: Any = None
     ref_arrays: list[Any] = []
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
+    for msg in _requests(conn):
         kind = msg[0]
         try:
             if kind == "inputs":
@@ -201,9 +201,14 @@ def _runner_main(conn: Connection, threads: int, flush_bytes: int, call_fn: Call
                 ref_arrays = [*inputs, *[np.empty(shape, dtype=dt) for shape, dt in specs]]
                 conn.send(("ok", None, ""))
                 continue
+            if kind == "final":
+                _, entries, opts = msg
+                loaded = [(load(path), [*inputs, *_blank(specs)], trial) for path, trial in entries]
+                conn.send(("ok", _final_round(loaded, call_fn, flush, opts, ref or []), ""))
+                continue
             _, path, trial, opts = msg
             mod = load(path)
-            outs = [np.full(shape, np.nan if np.dtype(dt).kind == "f" else 0, dtype=dt) for shape, dt in specs]
+            outs = _blank(specs)
             arrays = [*inputs, *outs]
             call_fn(mod, arrays, trial)
             if kind == "reference":
@@ -237,6 +242,59 @@ def _mismatch(outs: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> str:
     return ""
 
 
+def _blank(specs: Sequence[tuple[tuple[int, ...], str]]) -> list[np.ndarray]:
+    """Output arrays pre-filled with NaN (0 for integers), so an element a candidate leaves unwritten shows."""
+    return [np.full(shape, np.nan if np.dtype(dt).kind == "f" else 0, dtype=dt) for shape, dt in specs]
+
+
+def _timed(call_fn: Callable[..., Any], flush: np.ndarray, mod: Any, arrays: list[Any], trial: int, n: int) -> float:
+    """Seconds per call of ``n`` calls, after touching a buffer larger than the last-level cache."""
+    np.add(flush, 1.0, out=flush)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call_fn(mod, arrays, trial)
+    return (time.perf_counter() - t0) / n
+
+
+def _number(first: float, opts: dict[str, Any]) -> int:
+    """Calls per timed run: enough for ``min_run_s`` seconds (a timer's resolution and jitter stay small)."""
+    return max(1, min(1000, int(float(opts.get("min_run_s", 0.01)) / max(first, 1e-9))))
+
+
+def _final_round(entries: list[tuple[Any, list[Any], int]], call_fn: Callable[..., Any], flush: np.ndarray,
+                 opts: dict[str, Any], ref: Sequence[np.ndarray]) -> list[tuple[str, float | None, float | None, str]]:
+    """The end of a tuning run: ``entries`` (module, arrays, trial; the first is the untuned schedule) timed
+    against each other in the same process and the same way as every candidate.
+
+    Each entry is called and checked again (the warm-up); then ``rounds`` rounds in which every entry is timed
+    once, after a cache flush, each round starting at the next entry (no entry always runs right after the
+    flush of another's turn or first in a round).  Per entry: status, median seconds per call, the median
+    over rounds of its time divided by the untuned schedule's in the same round, and an error."""
+    firsts: list[float | None] = []
+    errors: list[str] = []
+    for mod, arrays, trial in entries:
+        firsts.append(_timed(call_fn, flush, mod, arrays, trial, 1))
+        errors.append(_mismatch(arrays[len(arrays) - len(ref):], ref) if ref else "")
+    live = [k for k, e in enumerate(errors) if not e]
+    numbers = {k: _number(firsts[k] or 0.0, opts) for k in live}
+    per_round = sum((firsts[k] or 0.0) * numbers[k] for k in live)
+    rounds = max(3, min(int(opts.get("rounds", 7)), int(float(opts.get("budget_s", 10.0)) / max(per_round, 1e-9))))
+    times: dict[int, list[float]] = {k: [] for k in live}
+    for r in range(rounds):
+        for k in live[r % len(live):] + live[: r % len(live)] if live else []:
+            mod, arrays, trial = entries[k]
+            times[k].append(_timed(call_fn, flush, mod, arrays, trial, numbers[k]))
+    base = times.get(0)
+    out: list[tuple[str, float | None, float | None, str]] = []
+    for k in range(len(entries)):
+        if errors[k]:
+            out.append(("wrong", None, None, errors[k]))
+            continue
+        ratio = float(np.median([t / b for t, b in zip(times[k], base)])) if base else None
+        out.append(("ok", float(np.median(times[k])), ratio, ""))
+    return out
+
+
 def _time(mod: Any, arrays: list[Any], trial: int, call_fn: Callable[..., Any], flush: np.ndarray,
           opts: dict[str, Any], ref: tuple[Any, list[Any]] | None = None) -> tuple[float, float | None]:
     """Median seconds per call, and the median ratio to the reference (the untuned schedule) timed in turns.
@@ -247,17 +305,12 @@ def _time(mod: Any, arrays: list[Any], trial: int, call_fn: Callable[..., Any], 
     changes faster than a batch; a candidate far slower than the best so far gets two rounds."""
 
     def run(m: Any, a: list[Any], t: int, n: int) -> float:
-        np.add(flush, 1.0, out=flush)  # touch a buffer larger than the last-level cache
-        t0 = time.perf_counter()
-        for _ in range(n):
-            call_fn(m, a, t)
-        return (time.perf_counter() - t0) / n
+        return _timed(call_fn, flush, m, a, t, n)
 
     first = run(mod, arrays, trial, 1)
     ref_first = run(ref[0], ref[1], -1, 1) if ref is not None else None
-    min_run = float(opts.get("min_run_s", 0.01))
-    number = max(1, min(1000, int(min_run / max(first, 1e-9))))
-    ref_number = max(1, min(1000, int(min_run / max(ref_first, 1e-9)))) if ref_first else 0
+    number = _number(first, opts)
+    ref_number = _number(ref_first, opts) if ref_first else 0
     repeat = int(opts.get("repeat", 5))
     best = opts.get("best_rel")
     if best is not None and ref_first and first / ref_first > 3.0 * best:
@@ -428,7 +481,7 @@ class LocalRunner:
         conn.send(("inputs", self.inputs, self.specs, self.ref, self.ref_path))
         self._acks += 1
 
-    def _ask(self, msg: tuple[Any, ...]) -> tuple[str, Any, str]:
+    def _ask(self, msg: tuple[Any, ...], timeout_s: float | None = None) -> tuple[str, Any, str]:
         try:
             conn = self._start()
             while self._acks:
@@ -441,9 +494,10 @@ class LocalRunner:
             self._acks = 0
             self.proc.stop(kill=True)
             return "run_crash", None, f"the runner could not start: {exc}"
-        if not conn.poll(self.timeout_s):
+        limit = timeout_s or self.timeout_s
+        if not conn.poll(limit):
             self.proc.stop(kill=True)
-            return "run_timeout", None, f"the run took longer than {self.timeout_s:g} s"
+            return "run_timeout", None, f"the run took longer than {limit:g} s"
         try:
             status, value, err = conn.recv()
         except (EOFError, OSError):
@@ -480,6 +534,18 @@ class LocalRunner:
             if ratio and (best_rel is None or ratio < best_rel):
                 best_rel = ratio
         return out
+
+    def final(self, builds: Sequence[BuildResult], rounds: int = 7) -> list[RunResult]:
+        """The final round of a tuning run: ``builds`` (the first is the untuned schedule) checked again and
+        timed against each other in ``rounds`` interleaved rounds (see ``_final_round``); each result's
+        ``ref_time_s`` is its time divided by its median ratio to the untuned schedule.  If the round fails
+        (a crash, the time limit: ``timeout_s`` per build), every build gets that failure."""
+        opts = {"rounds": rounds, "min_run_s": self.min_run_s, "budget_s": self.timeout_s * len(builds) / 2}
+        status, value, err = self._ask(("final", [(b.path, b.trial) for b in builds], opts),
+                                       self.timeout_s * len(builds))
+        if status != "ok":
+            return [RunResult(status, None, err) for _ in builds]
+        return [RunResult(st, t, e, t / ratio if t and ratio else None) for st, t, ratio, e in value]
 
     def close(self) -> None:
         self.proc.stop()
