@@ -13,6 +13,7 @@ native call.  ``onnx`` is imported here, never by ``import cuvil``.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -91,6 +92,32 @@ class InferenceSession:
                 continue  # an input decides a shape: specialise on its value too
         results = prog.run(feeds)
         return [results[n] for n in output_names]
+
+    # -- exporting -------------------------------------------------------------------------
+    def export_library(self, path: str | os.PathLike[str], input_shapes: Mapping[str, Sequence[int]] | None = None,
+                       *, prefix: str | None = None, cc: str | None = None) -> str:
+        """Write the model as one shared library at ``path`` and a C header beside it (``.h``).
+
+        The library is compiled for fixed input shapes: the model's own, or ``input_shapes``
+        ({name: shape}) where it has symbolic dimensions.  Its C symbols start with ``prefix``
+        (default: the file name, ``model.so`` -> ``model_run``); ``cc`` links it (a cross
+        compiler for another target).  ``cuvil.runtime.load(path)`` runs it from Python without
+        islpy or llvmlite; docs/export.md shows it from C.  Returns the library's path.
+        """
+        from cuvil.graph.export import TensorSpec, export_graph, resolve_shapes
+
+        shapes = resolve_shapes(self._feeds, dict(input_shapes) if isinstance(input_shapes, Mapping)
+                                else input_shapes)
+        try:
+            prog = self._compiled(shapes, {}) if not self._specialised else None
+        except _Retry:
+            prog = None
+        if prog is None:
+            raise ShapeError(f"the value of input(s) {', '.join(sorted(repr(n) for n in self._specialised))} "
+                             "decides a shape in this model; a library is compiled for input shapes only, so "
+                             "this model cannot be exported")
+        inputs = [TensorSpec(v.name, v.dtype or "float32", tuple(shapes[v.name])) for v in self._feeds]
+        return export_graph(prog, inputs, path, self.target, prefix=prefix, cc=cc, name=self._graph.name)
 
     def _compiled(self, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray],
                   allow_defer: bool = False) -> Any:

@@ -35,20 +35,40 @@ class KernelCall:
 
 def link_ir(kernels: Sequence[LoweredFunc], calls: Sequence[KernelCall], target: Any, entry: str = "graph") -> str:
     """The LLVM IR text (unoptimised) of the kernels and an entry point that calls them in order."""
-    from llvmlite import ir
-
-    from cuvil.codegen.llvm import emit_function, finish_ir_text, target_machine
-    from cuvil.codegen.llvm_expr import I32, I64, PTR
+    from cuvil.codegen.llvm import finish_ir_text
     from cuvil.target import Target
 
     tgt = Target(target)
-    module = ir.Module(name=entry)
-    module.triple = tgt.triple
-    module.data_layout = str(target_machine(tgt).target_data)
+    module = new_module(entry, tgt)
+    emit_graph(module, kernels, calls, tgt, entry)
+    return finish_ir_text(str(module), tgt)
+
+
+def new_module(name: str, target: Any) -> Any:
+    """An empty llvmlite module with ``target``'s triple and data layout."""
+    from llvmlite import ir
+
+    from cuvil.codegen.llvm import target_machine
+
+    module = ir.Module(name=name)
+    module.triple = target.triple
+    module.data_layout = str(target_machine(target).target_data)
+    return module
+
+
+def emit_graph(module: Any, kernels: Sequence[LoweredFunc], calls: Sequence[KernelCall], target: Any,
+               entry: str = "graph") -> tuple[Any, Any]:
+    """Add the kernels, ``int32_t <entry>(void **slots)`` and ``void <entry>_set_num_threads(int32_t)``
+    to the llvmlite ``module``; returns those two functions."""
+    from llvmlite import ir
+
+    from cuvil.codegen.llvm import emit_function
+    from cuvil.codegen.llvm_expr import I32, I64, PTR
+
     for f in kernels:
         if f.size_vars:
             raise ValueError(f"kernel {f.name}: linked kernels have constant shapes, got sizes {f.size_vars}")
-        emit_function(module, f, tgt)
+        emit_function(module, f, target)
     fn = ir.Function(module, ir.FunctionType(I32, [PTR]), entry)
     fn.attributes.add("nounwind")
     slots = fn.args[0]
@@ -80,7 +100,7 @@ def link_ir(kernels: Sequence[LoweredFunc], calls: Sequence[KernelCall], target:
         if ks is not None:
             sb.call(ks, [setter.args[0]])
     sb.ret_void()
-    return finish_ir_text(str(module), tgt)
+    return fn, setter
 
 
 class LinkedModule:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LoadedModule", "Module", "load"]
+__all__ = ["LoadedModel", "LoadedModule", "Module", "load"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,7 +17,7 @@ def __getattr__(name: str) -> Any:
         from cuvil.runtime.module import Module
 
         return Module
-    if name in ("load", "LoadedModule"):
+    if name in ("load", "LoadedModule", "LoadedModel"):
         from cuvil.runtime import loader
 
         return getattr(loader, name)

@@ -1,7 +1,9 @@
-"""Load a library written by ``Module.export_library`` and call it like a Module.
+"""Load a library written by ``Module.export_library`` (one function, called like a Module) or by
+``InferenceSession.export_library`` (a whole model, run like the session).
 
-Uses only ctypes, numpy and json (never llvmlite or islpy): the signature that
-validates calls is the JSON the library embeds (``cuvil_meta_<name>()``).
+Uses only ctypes, numpy and json (never llvmlite or islpy): what validates calls is the JSON the
+library embeds (``cuvil_module_meta()`` says which kind it is; then ``cuvil_meta_<name>()`` for a
+function, ``<prefix>_meta()`` for a model; see cuvil/graph/export.py).
 """
 
 from __future__ import annotations
@@ -9,24 +11,26 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from cuvil.errors import ArgumentError
+import numpy as np
+
+from cuvil.errors import ArgumentError, CuvilError, DTypeError, ShapeError
 from cuvil.runtime import threads
 from cuvil.runtime.call import CFUNC, CallPlan, NativeFunction
 from cuvil.runtime.meta import ABI_VERSION
+
+MODEL_ABI = 1  # cuvil.graph.export.MODEL_ABI (not imported: that module needs the compiler)
 
 
 class LoadedModule(NativeFunction):
     """A function from an exported cuvil library."""
 
-    def __init__(self, path: str, name: str | None = None):
+    def __init__(self, path: str, name: str | None = None, lib: Any = None):
         self.path = path
-        _check_machine(path)
-        try:
-            self._lib = ctypes.CDLL(os.path.abspath(path))
-        except OSError as exc:
-            raise ArgumentError(f"cannot load the library {path!r}: {exc}") from None
+        self._lib = _open(path) if lib is None else lib
         names = _read_json(self._lib, "cuvil_module_meta", path)["functions"]
         if name is None:
             if len(names) != 1:
@@ -45,6 +49,125 @@ class LoadedModule(NativeFunction):
 
     def __repr__(self) -> str:
         return f"<cuvil LoadedModule {self.plan.signature()} from {self.path}>"
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """An input or output of a loaded model, as onnxruntime (and cuvil.onnx.NodeArg) describe it."""
+
+    name: str
+    shape: list[int]
+    type: str
+
+
+_STATUS = {1: "out of memory (its workspace or a kernel's temporary buffer)", 2: "a NULL input or output pointer"}
+
+
+class LoadedModel:
+    """A model from ``InferenceSession.export_library``: ``run(output_names, feeds)`` like the session.
+
+    Inputs must have the shapes and dtypes the library was compiled for (``get_inputs()``); a run
+    is one native call that writes every output into new numpy arrays.
+    """
+
+    def __init__(self, path: str, lib: Any, prefix: str):
+        self.path = path
+        self._lib = lib
+        self.prefix = prefix
+        self.meta = _read_json(lib, f"{prefix}_meta", path)
+        if self.meta.get("abi") != MODEL_ABI or self.meta.get("kind") != "model":
+            raise ArgumentError(f"{path} is a cuvil model of ABI {self.meta.get('abi')}; this runtime reads "
+                                f"{MODEL_ABI}")
+        self._inputs = [(t["name"], tuple(t["shape"]), np.dtype(t["dtype"]), t["type"]) for t in self.meta["inputs"]]
+        self._outputs = [(t["name"], tuple(t["shape"]), np.dtype(t["dtype"]), t["type"])
+                         for t in self.meta["outputs"]]
+        self._in_ptrs = ctypes.c_void_p * max(1, len(self._inputs))
+        self._out_ptrs = ctypes.c_void_p * max(1, len(self._outputs))
+        self._run = _symbol(lib, f"{prefix}_run_array", path)
+        self._run.restype = ctypes.c_int32
+        self._run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        setter = _symbol(lib, f"{prefix}_set_num_threads", path)
+        threads.register(self, threads.SETTER(ctypes.cast(setter, ctypes.c_void_p).value))
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{n}: {d.name}{list(s)}" for n, s, d, _ in self._inputs)
+        outs = ", ".join(f"{n}: {d.name}{list(s)}" for n, s, d, _ in self._outputs)
+        return f"<cuvil LoadedModel ({ins}) -> ({outs}) from {self.path}>"
+
+    def get_inputs(self) -> list[TensorArg]:
+        return [TensorArg(n, list(s), t) for n, s, _, t in self._inputs]
+
+    def get_outputs(self) -> list[TensorArg]:
+        return [TensorArg(n, list(s), t) for n, s, _, t in self._outputs]
+
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None
+            ) -> list[np.ndarray]:
+        """The outputs named (all when ``None``), in order, for the fed inputs (one native call)."""
+        names = [n for n, *_ in self._outputs]
+        if output_names is None:
+            output_names = names
+        elif isinstance(output_names, str):
+            raise ArgumentError(f"output_names must be a list of names or None, got the string {output_names!r}")
+        for n in output_names:
+            if n not in names:
+                raise ArgumentError(f"{n!r} is not an output of the model; outputs: {', '.join(names)}")
+        feeds = self._check_feeds(input_feed)
+        outs = [np.empty(s, d) for _, s, d, _ in self._outputs]
+        ins = self._in_ptrs(*[a.ctypes.data for a in feeds])
+        ptrs = self._out_ptrs(*[a.ctypes.data for a in outs])
+        rc = self._run(ctypes.addressof(ins), ctypes.addressof(ptrs), None)
+        if rc:
+            raise CuvilError(f"{self.path}: the model failed with status {rc}: {_STATUS.get(rc, 'unknown status')}")
+        by_name = dict(zip(names, outs))
+        return [by_name[n] for n in output_names]
+
+    def _check_feeds(self, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
+        if not isinstance(input_feed, Mapping):
+            raise ArgumentError(f"the feeds must be a dict {{input name: array}}, got {type(input_feed).__name__}")
+        expected = [n for n, *_ in self._inputs]
+        extra = [n for n in input_feed if n not in expected]
+        if extra:
+            raise ArgumentError(f"unknown input(s) {', '.join(repr(n) for n in extra)}; the model's inputs are "
+                                f"{', '.join(expected)}")
+        missing = [n for n in expected if n not in input_feed]
+        if missing:
+            raise ArgumentError(f"missing input(s) {', '.join(repr(n) for n in missing)}")
+        out = []
+        for n, shape, dtype, type_str in self._inputs:
+            a = input_feed[n]
+            if isinstance(a, np.generic):
+                a = np.asarray(a)
+            if not isinstance(a, np.ndarray):
+                raise ArgumentError(f"input {n!r}: expected a numpy array, got {type(a).__name__}")
+            if a.dtype != dtype:
+                raise DTypeError(f"input {n!r}: expected {type_str} ({dtype.name}), got {a.dtype.name}; cuvil "
+                                 "does not cast inputs")
+            if a.shape != shape:
+                raise ShapeError(f"input {n!r}: the library was compiled for shape {list(shape)}, got "
+                                 f"{list(a.shape)}; export it again with input_shapes= for other shapes")
+            out.append(np.ascontiguousarray(a))
+        return out
+
+    def _set_threads(self, n: int) -> None:
+        """Tell the native code to use ``n`` threads (called by :mod:`cuvil.runtime.threads`)."""
+        setter = getattr(self, "_threads_setter", None)
+        if setter is not None:
+            setter(n)
+
+
+def _open(path: str) -> Any:
+    _check_machine(path)
+    try:
+        return ctypes.CDLL(os.path.abspath(path))
+    except OSError as exc:
+        raise ArgumentError(f"cannot load the library {path!r}: {exc}") from None
+
+
+def _symbol(lib: Any, symbol: str, path: str) -> Any:
+    try:
+        return getattr(lib, symbol)
+    except AttributeError:
+        raise ArgumentError(f"{path} is not a complete cuvil library: it has no symbol {symbol!r}") from None
 
 
 _ELF_MACHINES = {3: "x86 (32-bit)", 40: "arm (32-bit)", 62: "x86_64", 183: "aarch64", 243: "riscv"}
@@ -80,6 +203,14 @@ def _read_json(lib: Any, symbol: str, path: str) -> Any:
     return json.loads(fn().decode())
 
 
-def load(path: str | os.PathLike[str], name: str | None = None) -> LoadedModule:
-    """Load an exported cuvil library; ``name`` picks the function if it holds several."""
-    return LoadedModule(os.fspath(path), name)
+def load(path: str | os.PathLike[str], name: str | None = None) -> LoadedModule | LoadedModel:
+    """Load an exported cuvil library: a :class:`LoadedModel` for a model (``InferenceSession.export_library``),
+    else a :class:`LoadedModule` (``name`` picks the function if it holds several)."""
+    path = os.fspath(path)
+    lib = _open(path)
+    index = _read_json(lib, "cuvil_module_meta", path)
+    if index.get("kind") == "model":
+        if name is not None:
+            raise ArgumentError(f"{path} holds a whole model, not functions: load it without name=")
+        return LoadedModel(path, lib, index["prefix"])
+    return LoadedModule(path, name, lib)

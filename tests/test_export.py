@@ -1,0 +1,240 @@
+"""InferenceSession.export_library: one .so with a C entry point, run from C (docs/examples/run_model.c,
+compiled with gcc) and from cuvil.runtime.load (no islpy, no llvmlite), checked against onnxruntime."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper  # noqa: E402
+from onnx_models import mlp, resnet_block_model  # noqa: E402
+from toolchain import require  # noqa: E402
+
+import cuvil  # noqa: E402
+import cuvil.onnx as connx  # noqa: E402
+from cuvil.runtime import load  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "docs", "examples", "run_model.c")
+RTOL, ATOL = 1e-3, 1e-4
+
+
+def _ort(model, feeds):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def resnet(tmp_path_factory):
+    """The ResNet-style block (symbolic batch) exported for batch 2 as model.so, and the C example built on it."""
+    gcc = require("gcc", "apt-get install gcc")
+    d = tmp_path_factory.mktemp("resnet")
+    m = resnet_block_model(16)
+    lib = connx.InferenceSession(m).export_library(d / "model.so", input_shapes={"x": (2, 3, 16, 16)})
+    exe = d / "run_model"
+    subprocess.run([gcc, "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(exe), EXAMPLE, f"-I{d}", f"-L{d}",
+                    "-l:model.so", "-Wl,-rpath,$ORIGIN"], check=True, capture_output=True, text=True)
+    return m, d, lib, exe
+
+
+def test_c_example_matches_onnxruntime_and_load(resnet):
+    m, d, lib, exe = resnet
+    x = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    x.tofile(d / "x.bin")
+    proc = subprocess.run([str(exe), "--threads", "2", "--runs", "3", "--out", str(d), str(d / "x.bin")],
+                          capture_output=True, text=True, cwd=d)
+    assert proc.returncode == 0, proc.stderr
+    assert "output logits: float32, 20 elements:" in proc.stdout and "latency:" in proc.stdout
+    from_c = np.fromfile(d / "output0.bin", np.float32).reshape(2, 10)
+    (ref,) = _ort(m, {"x": x})
+    np.testing.assert_allclose(from_c, ref, rtol=RTOL, atol=ATOL)
+    loaded = load(lib)
+    (y,) = loaded.run(None, {"x": x})
+    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=ATOL)
+    np.testing.assert_array_equal(y, from_c)  # the same machine code
+
+
+def test_header_documents_the_interface(resnet):
+    _, d, lib, _ = resnet
+    h = (d / "model.h").read_text()
+    assert "int32_t model_run(const float *x, float *logits);" in h
+    assert "input [0] x      float[2, 3, 16, 16]" in h and "output[0] logits float[2, 10]" in h
+    for text in ("#define MODEL_OK 0", "#define MODEL_ERR_NO_MEMORY 1", "#define MODEL_ERR_NULL_POINTER 2",
+                 "void model_set_num_threads(int32_t n);", "int64_t model_workspace_size(void);",
+                 "#define MODEL_INPUT_X_SHAPE {2, 3, 16, 16}", "Needs at run time: libc, libm"):
+        assert text in h, text
+    # every symbol the library imports is named in the header
+    nm = subprocess.run(["nm", "-D", str(lib)], capture_output=True, text=True, check=True).stdout
+    imported = {line.split()[1].split("@")[0] for line in nm.splitlines() if line.split()[0] == "U"}
+    listed = set(re.search(r"Symbols it imports: ([^(]*)", h).group(1).replace(",", " ").split())
+    assert imported <= listed | {"memcpy", "memset"}, imported - listed
+    assert ("libgomp" in h) == ("GOMP_parallel" in imported)
+    # only prefixed symbols (and the loader's index) are exported
+    defined = {line.split()[2] for line in nm.splitlines() if len(line.split()) == 3 and line.split()[1] == "T"}
+    assert defined == {"model_run", "model_run_array", "model_workspace_size", "model_set_num_threads",
+                       "model_meta", "cuvil_module_meta"}
+
+
+def test_load_needs_neither_islpy_nor_llvmlite(resnet, tmp_path):
+    m, _, lib, _ = resnet
+    x = np.random.default_rng(1).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    script = textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        import cuvil, cuvil.runtime
+        m = cuvil.runtime.load({str(lib)!r})
+        assert [(i.name, i.shape, i.type) for i in m.get_inputs()] == [("x", [2, 3, 16, 16], "tensor(float)")]
+        assert [(o.name, o.shape, o.type) for o in m.get_outputs()] == [("logits", [2, 10], "tensor(float)")]
+        (y,) = m.run(["logits"], {{"x": np.load({str(tmp_path / "x.npy")!r})}})
+        cuvil.set_num_threads(1)
+        (y1,) = m.run(None, {{"x": np.load({str(tmp_path / "x.npy")!r})}})
+        np.save({str(tmp_path / "y.npy")!r}, y)
+        np.testing.assert_allclose(y1, y, rtol=1e-5, atol=1e-6)
+        bad = sorted(n for n in sys.modules if n.split(".")[0] in ("islpy", "llvmlite", "onnx"))
+        assert not bad, bad
+        print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), _ort(m, {"x": x})[0], rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("feeds, err, text", [
+    ({}, cuvil.ArgumentError, "missing input(s) 'x'"),
+    ({"x": np.ones((2, 3, 16, 16), np.float32), "z": np.ones(1)}, cuvil.ArgumentError, "unknown input(s) 'z'"),
+    ({"x": np.ones((2, 3, 16, 16), np.float64)}, cuvil.DTypeError, "input 'x': expected tensor(float)"),
+    ({"x": np.ones((1, 3, 16, 16), np.float32)}, cuvil.ShapeError, "compiled for shape [2, 3, 16, 16], got [1,"),
+    ({"x": [[1.0]]}, cuvil.ArgumentError, "input 'x': expected a numpy array"),
+    ([1], cuvil.ArgumentError, "the feeds must be a dict"),
+])
+def test_loaded_model_validates_feeds(resnet, feeds, err, text):
+    with pytest.raises(err) as e:
+        load(resnet[2]).run(None, feeds)
+    assert text in str(e.value)
+
+
+def test_unknown_output_and_null_pointer_status(resnet):
+    import ctypes
+
+    m = load(resnet[2])
+    with pytest.raises(cuvil.ArgumentError, match="'y' is not an output of the model; outputs: logits"):
+        m.run(["y"], {"x": np.ones((2, 3, 16, 16), np.float32)})
+    lib = ctypes.CDLL(str(resnet[2]))
+    ptrs = (ctypes.c_void_p * 1)(None)
+    assert lib.model_run_array(ptrs, ptrs, None) == 2  # MODEL_ERR_NULL_POINTER
+    assert lib.model_workspace_size() == m.meta["workspace_bytes"] > 0
+
+
+def test_non_contiguous_feed_is_accepted(resnet):
+    m = load(resnet[2])
+    x = np.asfortranarray(np.random.default_rng(2).standard_normal((2, 3, 16, 16)).astype(np.float32))
+    np.testing.assert_allclose(m.run(None, {"x": x})[0], _ort(resnet[0], {"x": x})[0], rtol=RTOL, atol=ATOL)
+
+
+def test_two_models_in_one_process_and_one_executable(tmp_path):
+    """Two exports (prefixes from their file names) load side by side, from Python and linked into one C program."""
+    gcc = require("gcc", "apt-get install gcc")
+    a, b = mlp(4, (32, 64, 16), seed=3), mlp(4, (32, 48, 8), seed=4)
+    la = connx.InferenceSession(a).export_library(tmp_path / "mlp_a.so")
+    lb = connx.InferenceSession(b).export_library(tmp_path / "mlp-b.so")
+    assert "int32_t mlp_b_run(const float *x, float *logits);" in (tmp_path / "mlp-b.h").read_text()
+    x = np.random.default_rng(5).standard_normal((4, 32)).astype(np.float32)
+    ya, yb = load(la).run(None, {"x": x})[0], load(lb).run(None, {"x": x})[0]
+    np.testing.assert_allclose(ya, _ort(a, {"x": x})[0], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(yb, _ort(b, {"x": x})[0], rtol=RTOL, atol=ATOL)
+    x.tofile(tmp_path / "x.bin")
+    (tmp_path / "both.c").write_text(textwrap.dedent("""
+        #include <stdio.h>
+        #include "mlp_a.h"
+        #include "mlp-b.h"
+        int main(void) {
+            static float x[MLP_A_INPUT_X_ELEMENTS], ya[MLP_A_OUTPUT_LOGITS_ELEMENTS], yb[MLP_B_OUTPUT_LOGITS_ELEMENTS];
+            FILE *f = fopen("x.bin", "rb");
+            if (!f || fread(x, sizeof x, 1, f) != 1) return 3;
+            fclose(f);
+            mlp_a_set_num_threads(1);
+            if (mlp_a_run(x, ya) != MLP_A_OK || mlp_b_run(x, yb) != MLP_B_OK) return 4;
+            f = fopen("y.bin", "wb");
+            fwrite(ya, sizeof ya, 1, f);
+            fwrite(yb, sizeof yb, 1, f);
+            fclose(f);
+            return 0;
+        }
+    """))
+    subprocess.run([gcc, "-Wall", "-Werror", "-o", "both", "both.c", "-I.", "-L.", "-l:mlp_a.so", "-l:mlp-b.so",
+                    "-Wl,-rpath,$ORIGIN"], check=True, cwd=tmp_path, capture_output=True, text=True)
+    proc = subprocess.run(["./both"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    y = np.fromfile(tmp_path / "y.bin", np.float32)
+    np.testing.assert_array_equal(y[:64], ya.ravel())
+    np.testing.assert_array_equal(y[64:], yb.ravel())
+
+
+def test_outputs_known_at_compile_time_or_fed_through(tmp_path):
+    """An output computed from constants only (copied from the weights), an input returned as it is (a
+    copy kernel) and one value returned twice, beside a computed output."""
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((3, 4)).astype(np.float32)
+    nodes = [helper.make_node("Add", ["w", "w"], ["two_w"], name="const_add"),
+             helper.make_node("Identity", ["x"], ["same"], name="ident"),
+             helper.make_node("Mul", ["x", "w"], ["prod"], name="mul"),
+             helper.make_node("Identity", ["prod"], ["prod_again"], name="again")]
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3, 4]) for n in ("two_w", "same", "prod",
+                                                                               "prod_again")]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])], vi,
+               [helper.make_tensor("w", TensorProto.FLOAT, [3, 4], w.ravel())])
+    lib = connx.InferenceSession(m).export_library(tmp_path / "odd.so", prefix="odd")
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    got = load(lib).run(None, {"x": x})
+    for g, r in zip(got, _ort(m, {"x": x})):
+        np.testing.assert_allclose(g, r, rtol=1e-6, atol=0)
+
+
+def test_symbolic_shapes_need_input_shapes(tmp_path):
+    s = connx.InferenceSession(resnet_block_model(16))
+    with pytest.raises(cuvil.ShapeError, match=r"input 'x' has a symbolic shape \['batch', 3, 16, 16\] "
+                                               r"\(dimension 0 \(batch\)\).*input_shapes=\{'x': \(1, 3, 16, 16,\)\}"):
+        s.export_library(tmp_path / "m.so")
+    for shapes, err, text in [
+        ({"y": (1, 3, 16, 16)}, cuvil.ArgumentError, "unknown input(s) 'y'"),
+        ({"x": (1, 3, 16)}, cuvil.ShapeError, "has rank 3; the model declares ['batch', 3, 16, 16]"),
+        ({"x": (1, 3, 16, 8)}, cuvil.ShapeError, "dimension 3 must be 16"),
+        ({"x": (1, 3, 16, 16.0)}, cuvil.ShapeError, "must be a tuple of positive ints"),
+        ({"x": (0, 3, 16, 16)}, cuvil.ShapeError, "must be a tuple of positive ints"),
+        ([("x", (1, 3, 16, 16))], cuvil.ArgumentError, "input_shapes must be a dict"),
+    ]:
+        with pytest.raises(err) as e:
+            s.export_library(tmp_path / "m.so", input_shapes=shapes)
+        assert text in str(e.value)
+    with pytest.raises(cuvil.ArgumentError, match="prefix '9x' is not a C identifier"):
+        s.export_library(tmp_path / "m.so", input_shapes={"x": (1, 3, 16, 16)}, prefix="9x")
+    assert not (tmp_path / "m.so").exists()
+
+
+def test_symbols_shared_by_inputs_must_agree(tmp_path):
+    nodes = [helper.make_node("Add", ["a", "b"], ["c"], name="add")]
+    m = _model(nodes, [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n", 4]) for n in "ab"],
+               [helper.make_tensor_value_info("c", TensorProto.FLOAT, ["n", 4])])
+    s = connx.InferenceSession(m)
+    with pytest.raises(cuvil.ShapeError, match=r"input_shapes\['b'\]: dimension 0 \(n\) is 3, but n is 2 in input 'a'"):
+        s.export_library(tmp_path / "add.so", input_shapes={"a": (2, 4), "b": (3, 4)})
+    with pytest.raises(cuvil.ShapeError, match="input 'b' has a symbolic shape"):
+        s.export_library(tmp_path / "add.so", input_shapes={"a": (2, 4)})
+    lib = s.export_library(tmp_path / "add.so", input_shapes={"a": (2, 4), "b": (2, 4)})
+    a, b = np.ones((2, 4), np.float32), np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(load(lib).run(None, {"a": a, "b": b})[0], a + b)
