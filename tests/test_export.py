@@ -149,11 +149,13 @@ def test_non_contiguous_feed_is_accepted(resnet):
 def test_two_models_in_one_process_and_one_executable(tmp_path):
     """Two exports (prefixes from their file names) load side by side, from Python and linked into one C program."""
     gcc = require("gcc", "apt-get install gcc")
-    a, b = mlp(4, (32, 64, 16), seed=3), mlp(4, (32, 48, 8), seed=4)
+    a, b = mlp(64, (256, 64, 16), seed=3), mlp(64, (256, 1024, 10), seed=4)  # b's kernels call malloc
     la = connx.InferenceSession(a).export_library(tmp_path / "mlp_a.so")
     lb = connx.InferenceSession(b).export_library(tmp_path / "mlp-b.so")
     assert "int32_t mlp_b_run(const float *x, float *logits);" in (tmp_path / "mlp-b.h").read_text()
-    x = np.random.default_rng(5).standard_normal((4, 32)).astype(np.float32)
+    nm = subprocess.run(["nm", "-D", str(lb)], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"U malloc", nm), nm
+    x = np.random.default_rng(5).standard_normal((64, 256)).astype(np.float32)
     ya, yb = load(la).run(None, {"x": x})[0], load(lb).run(None, {"x": x})[0]
     np.testing.assert_allclose(ya, _ort(a, {"x": x})[0], rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(yb, _ort(b, {"x": x})[0], rtol=RTOL, atol=ATOL)
@@ -181,8 +183,8 @@ def test_two_models_in_one_process_and_one_executable(tmp_path):
     proc = subprocess.run(["./both"], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     y = np.fromfile(tmp_path / "y.bin", np.float32)
-    np.testing.assert_array_equal(y[:64], ya.ravel())
-    np.testing.assert_array_equal(y[64:], yb.ravel())
+    np.testing.assert_array_equal(y[:ya.size], ya.ravel())
+    np.testing.assert_array_equal(y[ya.size:], yb.ravel())
 
 
 def test_outputs_known_at_compile_time_or_fed_through(tmp_path):

@@ -317,7 +317,10 @@ def entry_ir(prefix: str, target: Any, kernels: Sequence[Any], calls: Sequence[A
         f.attributes.add("nounwind")
         return f
 
-    malloc, free = fn("malloc", PTR, [I64]), fn("free", ir.VoidType(), [PTR])
+    def libc(name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+        return module.globals.get(name) or fn(name, ret, args)  # kernels may have declared it
+
+    malloc, free = libc("malloc", PTR, [I64]), libc("free", ir.VoidType(), [PTR])
     memcpy = module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
 
     size = fn(f"{prefix}_workspace_size", I64, [])
