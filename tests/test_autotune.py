@@ -171,6 +171,24 @@ def test_search_never_repeats_and_the_model_steers() -> None:
     assert bests["evolutionary"] <= bests["random"]
 
 
+def test_late_search_exploits_the_neighbours_of_the_best() -> None:
+    args = matmul(128, 128, 128)
+    space = Space(args, "llvm", 1)
+    d = space.default()
+    near = space.neighbours(d)
+    assert near and all(sum(c["C"][k] != d["C"][k] for k in d["C"]) == 1 for c in near)
+    assert {c["C"]["mr"] for c in near} >= {d["C"]["mr"] - 1, d["C"]["mr"] + 1}
+    rng = random.Random(0)
+    s = EvolutionarySearch(space, seed=0)
+    s.budget = 40
+    for _ in range(32):  # three quarters of the budget spent: half of the next batch goes to neighbours
+        c = space.sample(rng)
+        s.observe(c, 1e-3 * (1 + abs(c["C"]["mr"] - 5) + c["C"]["nr"] / 64))
+    tops = {config_hash(c) for b in s._best_measured(3) for c in space.neighbours(b)}
+    batch = s.propose(8)
+    assert sum(config_hash(c) in tops for c in batch) >= 3 and len(batch) == 8
+
+
 def test_translate_renames_stages_and_axes() -> None:
     args = matmul(128, 128, 128)
     w = workload_of(args)

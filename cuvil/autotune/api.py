@@ -156,6 +156,7 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
             raise ArgumentError(f"tune: {len(inputs)} input arrays for {n_in} input tensors")
         space = Space(args, tgt, threads)
         strategy: Search = STRATEGIES[search](space, seed=seed)
+        strategy.budget = trials
         for r in database.records(wl.key, wl.target, threads):
             strategy.observe(r.config, r.time_s if r.ok else None, r.ref_time_s)
         with tempfile.TemporaryDirectory(prefix="cuvil-tune-") as tmp:

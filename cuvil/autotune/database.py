@@ -122,7 +122,7 @@ class Database:
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.executescript(_SCHEMA)
             have = {row[1] for row in self.conn.execute("PRAGMA table_info(records)")}
-            for col in ("final_time_s", "final_ref_s", "final_round"):  # files written before the final round
+            for col in ("ref_time_s", "final_time_s", "final_ref_s", "final_round"):  # files of older cuvils
                 if col not in have:
                     self.conn.execute(f"ALTER TABLE records ADD COLUMN {col} REAL")
             row = self.conn.execute("SELECT value FROM meta WHERE name='schema'").fetchone()

@@ -302,7 +302,8 @@ def _time(mod: Any, arrays: list[Any], trial: int, call_fn: Callable[..., Any], 
     After the checked call (the warm-up), ``repeat`` rounds: each round flushes the caches (writes a buffer
     larger than the last-level cache) and times ``number`` calls of the reference, then flushes and times the
     candidate.  The ratio of each round compares the two under the same load, which on a shared machine
-    changes faster than a batch; a candidate far slower than the best so far gets two rounds."""
+    changes faster than a batch; a candidate far slower than the best so far gets two rounds, one that looks
+    close to it or better twice ``repeat``."""
 
     def run(m: Any, a: list[Any], t: int, n: int) -> float:
         return _timed(call_fn, flush, m, a, t, n)
@@ -315,6 +316,8 @@ def _time(mod: Any, arrays: list[Any], trial: int, call_fn: Callable[..., Any], 
     best = opts.get("best_rel")
     if best is not None and ref_first and first / ref_first > 3.0 * best:
         repeat = min(repeat, 2)  # clearly worse: a rough time is enough
+    elif best is not None and ref_first and first / ref_first < 1.1 * best:
+        repeat *= 2  # a contender for the best: the best of many noisy times is optimistic, so time it longer
     per_round = first * number + (ref_first or 0.0) * ref_number
     repeat = max(1, min(repeat, int(float(opts.get("budget_s", 2.0)) / max(per_round, 1e-9))))
     times, ratios = [], []

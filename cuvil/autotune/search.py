@@ -7,6 +7,10 @@
   refitted on every measurement after each batch; a quarter of each batch (at least one)
   is random, so the model also learns where it is wrong.  Before the model has four correct
   measurements, candidates are ranked by the space's prior score (:meth:`Space.prior`).
+  As the budget (``budget``: the trials the tuner will spend) runs out, the search exploits
+  more: fewer random candidates, and a growing share of each batch (up to half) goes to the
+  best-ranked neighbours (one knob away) of the three fastest configurations measured, where
+  the model's global ranking is least sure and a small step still pays.
 
 Both see every earlier record of the workload (:meth:`Search.observe`), so a resumed
 run neither repeats a configuration nor forgets what it learnt.
@@ -31,6 +35,7 @@ class Search:
         self.rng = random.Random(seed)
         self.seen: set[str] = set()
         self.history: list[tuple[Config, float | None]] = []
+        self.budget: int | None = None  # the trials the tuner will spend in all (set by tune), if known
 
     def observe(self, cfg: Config, time_s: float | None, ref_s: float | None = None) -> None:
         """A measured configuration; with ``ref_s`` (the untuned time in the same batch) its score is relative,
@@ -99,9 +104,13 @@ class EvolutionarySearch(Search):
         ok = sorted(((s, n) for n, (_, s) in enumerate(self.history) if s is not None), reverse=True)
         return [self.history[n][0] for _, n in ok[:k]] or [self.space.default()]
 
+    def _progress(self) -> float:
+        return min(1.0, len(self.history) / self.budget) if self.budget else 0.0
+
     def propose(self, n: int) -> list[Config]:
         taken: set[str] = set()
-        n_explore = max(1, int(round(n * self.explore))) if n > 1 else 0
+        late = self._progress()
+        n_explore = max(1, int(round(n * self.explore * (1.0 - late)))) if n > 1 else 0
         if not self._fit():
             # no model yet: the best configurations by the prior score (and random ones)
             pool = self.space.enumerate(4096) or [self.space.sample(self.rng) for _ in range(self.population * 4)]
@@ -137,15 +146,27 @@ class EvolutionarySearch(Search):
                 members = list(pool.values())
                 keep = np.argsort(-self._score(members))[: self.population * 2]
                 pool = {config_hash(members[k]): members[k] for k in keep}
+        out = self._local(int(round(n * 0.5 * late)), taken)
         cands = [c for h, c in pool.items() if h not in self.seen]
         order = np.argsort(-self._score(cands))
-        out = []
         for k in order:
             if len(out) >= n - n_explore:
                 break
             if self._fresh(cands[k], taken):
                 out.append(cands[k])
         return out + self._random(n - len(out), taken)
+
+    def _local(self, n: int, taken: set[str]) -> list[Config]:
+        """The ``n`` neighbours of the three fastest measured configurations the model ranks highest."""
+        if n <= 0:
+            return []
+        near = {config_hash(c): c for b in self._best_measured(3) for c in self.space.neighbours(b)}
+        cands = [c for h, c in near.items() if h not in self.seen and h not in taken]
+        out: list[Config] = []
+        for k in np.argsort(-self._score(cands)) if cands else []:
+            if len(out) < n and self._fresh(cands[k], taken):
+                out.append(cands[k])
+        return out
 
 
 STRATEGIES = {"evolutionary": EvolutionarySearch, "random": RandomSearch}

@@ -117,6 +117,24 @@ class Space:
                 out[st][k] = rng.choice([v for v in vals if v != cur] or vals)
         return out
 
+    def neighbours(self, cfg: Config) -> list[Config]:
+        """Every configuration one knob away from ``cfg``: a tile size (an ordered int knob) moved one or two
+        places along its values, any other knob set to each of its other values."""
+        out = []
+        for st, kn in self.knobs.items():
+            for k, vals in kn.items():
+                cur = cfg.get(st, {}).get(k, vals[0])
+                if cur in vals and isinstance(cur, int) and not isinstance(cur, bool):
+                    pos = vals.index(cur)
+                    near = [vals[p] for p in (pos - 2, pos - 1, pos + 1, pos + 2) if 0 <= p < len(vals)]
+                else:
+                    near = [v for v in vals if v != cur]
+                for v in near:
+                    c = json.loads(json.dumps(cfg))
+                    c.setdefault(st, {})[k] = v
+                    out.append(c)
+        return out
+
     def crossover(self, a: Config, b: Config, rng: random.Random) -> Config:
         return {st: {k: (a if rng.random() < 0.5 else b).get(st, {}).get(k, vals[0]) for k, vals in kn.items()}
                 for st, kn in self.knobs.items()}
@@ -147,6 +165,8 @@ class Space:
                 out += self._contraction_features(f, k)
             else:
                 out += [float(bool(k.get("parallel"))), float(bool(k.get("lanes", False))), math.log2(f["work"] + 1)]
+            # knobs these features do not describe (added to knob_space later): their values as they are
+            out += [_value(k.get(name), vals) for name, vals in kn.items() if name not in _DESCRIBED]
         return np.asarray(out, dtype=np.float64)
 
     def _contraction_features(self, f: dict[str, Any], k: dict[str, Any]) -> list[float]:
@@ -169,8 +189,10 @@ class Space:
         th = self.threads if parallel else 1
         balance = tiles / (-(-tiles // th) * th)
         b = f["dtype_bytes"]
-        panel = nr * f["reduce"] * b
-        rows = mr * f["reduce"] * b
+        kc = int(k.get("kc") or 0)  # a reduction block (when knob_space has one): the panel and rows it keeps
+        kc = kc if 0 < kc < f["reduce"] else f["reduce"]
+        panel = nr * kc * b
+        rows = mr * kc * b
         l1, l2 = self.target.l1_size, self.target.l2_size
         onehot = [float(ci == n) for n in range(4)]
         # the prior: log of multiply-adds per register load, times the useful share of the tile, with
@@ -192,11 +214,22 @@ class Space:
         x = self.features(cfg)
         total, pos = 0.0, 0
         for st, kn in self.knobs.items():
-            n = 23 if "candidate" in kn else 3
             if "candidate" in kn:
-                total += float(x[pos + n - 1]) * math.log2(self.facts[st]["work"] + 1)
-            pos += n
+                total += float(x[pos + 22]) * math.log2(self.facts[st]["work"] + 1)
+            pos += (23 if "candidate" in kn else 3) + sum(name not in _DESCRIBED for name in kn)
         return total
+
+
+_DESCRIBED = {"candidate", "mr", "nr", "pack", "panels_outer", "parallel", "lanes"}
+
+
+def _value(v: Any, vals: Sequence[Any]) -> float:
+    """A knob value as a number: a bool as 0/1, an int as log2(1 + v), anything else by its position."""
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        return math.log2(1.0 + max(0.0, float(v)))
+    return float(vals.index(v)) if v in vals else -1.0
 
 
 def _bytes(dtype: str) -> int:
