@@ -5,6 +5,12 @@ against the reference, and prints the median time, GFLOP/s (or GB/s for
 memory-bound operators), the compile time and the ratio reference / cuvil
 (> 1: cuvil is faster) at each thread count.  numpy is pinned to the same
 thread count with threadpoolctl when it is installed.
+
+Convolution filters are constants of the layer, as in an inference model: both
+onnxruntime and cuvil (``cuvil.onnx.InferenceSession``, which calls
+``auto_schedule`` per node and packs constant filters at compile time) run the
+same one-node model with the filters as an initializer.  The ``(W fed)`` row
+feeds them per call to both instead (each then repacks them every call).
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ class Workload:
     flops: float  # 0 for memory-bound rows (then bytes are used)
     nbytes: float = 0.0
     onnx: Callable[[list[np.ndarray]], Any] | None = None  # a one-node ONNX model of the operator
+    # inputs that are constants of the model (conv filters): both onnxruntime and cuvil run the one-node
+    # model with them as initializers (cuvil through cuvil.onnx.InferenceSession, which packs them at
+    # compile time, as onnxruntime prepacks them); every other input is fed per call
+    constants: tuple[int, ...] = ()
 
 
 def _onnx_model(op: str, inputs: list[np.ndarray], out_shape: tuple[int, ...],
@@ -68,7 +78,8 @@ def _matmul(m: int, n: int, k: int, batch: int = 0) -> Workload:
                     onnx=lambda xs: _onnx_model("MatMul", xs, shape))
 
 
-def _conv(n: int, c: int, h: int, f: int, kh: int, stride: int, pad: int, groups: int = 1) -> Workload:
+def _conv(n: int, c: int, h: int, f: int, kh: int, stride: int, pad: int, groups: int = 1,
+          fed: bool = False) -> Workload:
     oh = (h + 2 * pad - kh) // stride + 1
 
     def build() -> tuple[list[Any], list[np.ndarray]]:
@@ -84,9 +95,14 @@ def _conv(n: int, c: int, h: int, f: int, kh: int, stride: int, pad: int, groups
 
     kind = "depthwise" if groups == c and groups > 1 else "conv2d"
     flops = 2.0 * n * f * oh * oh * (c // groups) * kh * kh
-    return Workload(f"{kind} {c}->{f} {kh}x{kh}/{stride} {h}x{h}", build, None, flops,
-                    onnx=lambda xs: _onnx_model("Conv", xs, (n, f, oh, oh), strides=[stride] * 2, pads=[pad] * 4,
-                                                group=groups))
+    consts = () if fed else (1,)
+
+    def model(xs: list[np.ndarray]) -> Any:
+        return _onnx_model("Conv", [x for k, x in enumerate(xs) if k not in consts], (n, f, oh, oh),
+                           inits={f"x{k}": xs[k] for k in consts}, strides=[stride] * 2, pads=[pad] * 4, group=groups)
+
+    return Workload(f"{kind} {c}->{f} {kh}x{kh}/{stride} {h}x{h}" + (" (W fed)" if fed else ""), build, None, flops,
+                    onnx=model, constants=consts)
 
 
 def _softmax(rows: int, cols: int) -> Workload:
@@ -140,10 +156,10 @@ def workloads(quick: bool = False) -> list[Workload]:
         rows.insert(1, _matmul(4096, 4096, 1024))
         # the other ResNet-50 layer shapes: 3x3 at every stage, 1x1 reductions/expansions, a strided 3x3
         rows[6:6] = [_conv(1, 128, 28, 128, 3, 1, 1), _conv(1, 256, 14, 256, 3, 1, 1), _conv(1, 512, 7, 512, 3, 1, 1),
-                     _conv(1, 256, 56, 64, 1, 1, 0), _conv(1, 64, 56, 256, 1, 1, 0), _conv(1, 1024, 14, 256, 1, 1, 0),
-                     _conv(1, 128, 56, 128, 3, 2, 1)]
+                     _conv(1, 512, 7, 512, 3, 1, 1, fed=True), _conv(1, 256, 56, 64, 1, 1, 0),
+                     _conv(1, 64, 56, 256, 1, 1, 0), _conv(1, 1024, 14, 256, 1, 1, 0), _conv(1, 128, 56, 128, 3, 2, 1)]
         # MobileNetV2's depthwise layers after the first
-        rows[14:14] = [_conv(1, 144, 56, 144, 3, 1, 1, groups=144), _conv(1, 384, 14, 384, 3, 1, 1, groups=384),
+        rows[15:15] = [_conv(1, 144, 56, 144, 3, 1, 1, groups=144), _conv(1, 384, 14, 384, 3, 1, 1, groups=384),
                        _conv(1, 960, 7, 960, 3, 1, 1, groups=960)]
     return rows
 
@@ -214,10 +230,23 @@ def run(threads: list[int], quick: bool = False, repeat: int = 5, only: str | No
             continue
         args, inputs = w.build()
         t0 = time.perf_counter()
-        mod = cuvil.build(cuvil.auto_schedule(args), args)
+        if w.constants:  # the one-node model, its constants as initializers, through cuvil's ONNX session
+            from cuvil.onnx import InferenceSession
+
+            sess_c = InferenceSession(w.onnx(inputs).SerializeToString())  # type: ignore[misc]
+            fed = {f"x{k}": x for k, x in enumerate(inputs) if k not in w.constants}
+
+            def call(s_: Any = sess_c, f_: Any = fed) -> list[np.ndarray]:
+                return s_.run(None, f_)
+        else:
+            mod = cuvil.build(cuvil.auto_schedule(args), args)
+            outs = [np.empty([int(d.value) for d in t.shape], t.dtype) for t in args[len(inputs):]]
+
+            def call(m: Any = mod, i: Any = inputs, o: Any = outs) -> list[np.ndarray]:
+                m(*i, *o)
+                return o
+        outs = call()
         compile_s = time.perf_counter() - t0
-        outs = [np.empty([int(d.value) for d in t.shape], t.dtype) for t in args[len(inputs):]]
-        mod(*inputs, *outs)
         if w.reference is not None:
             ref = w.reference(*[x.astype(np.float64) for x in inputs])
             err = float(np.max(np.abs(outs[0] - ref)) / max(np.max(np.abs(ref)), 1e-30))
@@ -226,13 +255,13 @@ def run(threads: list[int], quick: bool = False, repeat: int = 5, only: str | No
                 print(f"{w.name}: WRONG (max rel err {err:.1e})")
         for th in threads:
             with _threads(th):
-                t_c = median_time(lambda m=mod, i=inputs, o=outs: m(*i, *o), repeat)
+                t_c = median_time(call, repeat)
                 t_n = (median_time(lambda f=w.reference, i=inputs: f(*i), repeat)
                        if w.reference is not None else None)
             t_o = None
             if have_ort and w.onnx is not None:
                 sess = _ort_session(w.onnx(inputs), th)
-                feeds = {f"x{k}": x for k, x in enumerate(inputs)}
+                feeds = {f"x{k}": x for k, x in enumerate(inputs) if k not in w.constants}
                 got = sess.run(None, feeds)[0]
                 if not np.allclose(got, outs[0], rtol=1e-3, atol=1e-3):
                     ok = False

@@ -125,6 +125,12 @@ def test_softmax_and_symbolic_elementwise():
     s, (y,) = _run([X, Y], [x])
     # row reductions become vector-lane partial results (rfactor) and a short lane reduction
     assert [st.stage for st in s.trace if st.op == "rfactor"] == ["sm", "mx"]
+    # every stage computed inside the output's row loop: one parallel loop, the row's partial results local
+    assert {(st.stage, st.args[0]) for st in s.trace if st.op == "compute_at"} == {
+        ("sm", "Y"), ("sm.rf", "sm"), ("e", "Y"), ("mx", "e"), ("mx.rf", "mx")}
+    loops = cuvil.lower(s, [X, Y]).body
+    text = str(loops)
+    assert text.count("for (i = 0; i < 16") == 1 and "i_1" not in text and "local float32 mx.rf[1, 16]" in text
     ex = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
     np.testing.assert_allclose(y, ex / ex.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
 

@@ -298,15 +298,17 @@ class ExprEmitter:
         if op == "mul":
             return b.fmul(a, c, flags=flags)
         if op == "div":
-            return b.fdiv(a, c)
+            return b.fdiv(a, c, flags=("arcp",) if flags else ())  # vectors: x / y -> x * (1 / y), hoisted
         if op == "ne":
             return b.fcmp_unordered("!=", a, c)
         if op in _INT_CMP:
             return b.fcmp_ordered(_INT_CMP[op], a, c)
         if op in ("min", "max"):
-            # np.maximum: (a >= b or isnan(a)) ? a : b  -- NaN in either operand wins
-            keep_a = b.or_(b.fcmp_ordered(">=" if op == "max" else "<=", a, c), b.fcmp_unordered("uno", a, a))
-            return b.select(keep_a, a, c)
+            # np.maximum: NaN in either operand wins, otherwise (c > a) ? c : a (a on ties, so -0/+0 keep a)
+            # written so that a reduction's accumulator ``a`` goes through one vmaxps and one blend per step:
+            # (c > a) ? c : a is x86's max(c, a) (a when either is NaN); the NaN test on c is off that chain
+            take_c = b.fcmp_ordered(">" if op == "max" else "<", c, a)
+            return b.select(b.fcmp_unordered("uno", c, c), c, b.select(take_c, c, a))
         if op in ("floordiv", "floormod"):
             return self.float_floordiv(op, a, c)
         raise InternalError(f"internal error in LLVM codegen: operator {op!r} on floats")

@@ -148,7 +148,11 @@ class AstLowering:
     def body(self, n: isl.AstNode, env: dict[str, Expr], it: str) -> Stmt:
         """The loop body; stages stored per iteration of this loop get their local buffers here."""
         d = int(it[1:])
-        here = [ls for ls in self.storage.values() if ls.dim == d and self._below(n, ls.stage)]
+        # a stage's buffer goes in the loop of its time dimension, or in the innermost loop around it when
+        # isl made no loop of that dimension (a stage computed at a loop of a stage computed at a loop:
+        # the inner copies of the row index are substituted)
+        here = [ls for ls in self.storage.values() if id(ls.stage) not in self.placed and ls.dim >= d
+                and self._below(n, ls.stage) and (ls.dim == d or not self._loop_between(n, ls, d))]
         if not here:
             return self.node(n.for_get_body(), env)
         saved = dict(self.local)
@@ -169,6 +173,22 @@ class AstLowering:
         for buf in reversed(bufs):
             inner = Allocate(buf, inner)
         return inner
+
+    def _loop_between(self, n: isl.AstNode, ls: LocalStorage, d: int) -> bool:
+        """Whether the body of loop ``n`` (time dimension ``d``) has a loop over a dimension in
+        ``(d, ls.dim]`` around statements of ``ls.stage``."""
+        found = False
+
+        def visit(node: isl.AstNode) -> bool:
+            nonlocal found
+            if node.get_type() == isl.ast_node_type.for_:
+                k = int(node.for_get_iterator().get_id().get_name()[1:])
+                if d < k <= ls.dim and self._below(node, ls.stage):
+                    found = True
+            return not found
+
+        n.for_get_body().foreach_descendant_top_down(visit)
+        return found
 
     def _below(self, n: isl.AstNode, stage: Any) -> bool:
         return any(self.stmts[c.get_op_arg(0).get_id().get_name()].stage is stage

@@ -120,6 +120,14 @@ class AutoScheduler:
                         done.update(self.contraction(st, c, k))
                 except ScheduleError:  # undone: the stage gets the plain reduction strategy below
                     pass
+        rows = self._row_members(done)
+        if rows:
+            try:
+                with s.deferred_checks(self.outputs):  # per-row chains: legal by construction, checked once
+                    self._fuse_rows(rows, done)
+                done.update(rows)
+            except ScheduleError:  # undone: each stage gets its own loop nest below
+                pass
         for st in reversed(list(s.compute_stages)):
             if st.attach != "root" or id(st) in done:
                 continue
@@ -128,6 +136,75 @@ class AutoScheduler:
             else:
                 self.elementwise(st)
         return s
+
+    # -- rows: chains of per-row stages computed inside their consumer's row loop -----------
+    def _row_members(self, done: set[int]) -> dict[int, Stage]:
+        """Stages to compute inside the row loop of a reader, id(stage) -> that reader.
+
+        A stage qualifies when it is not an output, every reader reads it only at the reader's own first
+        axis (``mx[i]`` in ``e[i, j] = exp(X[i, j] - mx[i])``), over the same row extent, and its readers
+        are one stage of the plain strategies plus qualifying stages.  softmax, layer norm: one loop over
+        rows instead of one loop nest per stage, each row's intermediates used while in L1."""
+        s = self.s
+
+        def row_extent(st: Stage) -> int | None:
+            ok = isinstance(st.op, ComputeOp) and st.op.axis and st.attach == "root" and id(st) not in done
+            return const_int(st.op.axis[0].extent) if ok else None
+
+        def reads_row(reader: Stage, st: Stage) -> bool:
+            reads = [n for n in walk(reader.op.body) if isinstance(n, TensorRead) and s.stage_of(n.tensor) is st]
+            return bool(reads) and all(r.indices and r.indices[0] is reader.op.axis[0] for r in reads)
+
+        members: dict[int, Stage] = {}
+        group_root: dict[int, Stage] = {}  # id(member) -> the non-member stage its chain ends in
+        for st in reversed(list(s.compute_stages)):
+            ext = row_extent(st)
+            if ext is None or ext < 2 or any(st is o for o in self.outputs):
+                continue
+            readers = [r for r in _readers(s, st) if r.attach != "inline"]
+            if not readers or not all(row_extent(r) == ext and reads_row(r, st) for r in readers):
+                continue
+            roots = {id(group_root.get(id(r), r)): group_root.get(id(r), r) for r in readers}
+            if len(roots) != 1:
+                continue
+            (root,) = roots.values()
+            if any(id(r) not in members and r is not root for r in readers):
+                continue
+            members[id(st)] = root if any(r is root for r in readers) else readers[0]
+            group_root[id(st)] = root
+        return members
+
+    def _fuse_rows(self, members: dict[int, Stage], done: set[int]) -> None:
+        """Schedule each chain's last stage as usual, then its members without threads of their own,
+        each computed at the row loop of its reader (consumers first)."""
+        s = self.s
+        roots = {id(r): r for r in members.values() if id(r) not in members}
+        for st in reversed(list(s.compute_stages)):
+            if id(st) in roots:
+                self._plain(st, parallel=None)
+                done.add(id(st))
+            elif id(st) in members:
+                rf = self._plain(st, parallel=False)
+                reader = members[id(st)]
+                st.compute_at(reader, reader.op.axis[0])
+                if rf is not None:
+                    rf.compute_at(st, st.op.axis[0])
+                    done.add(id(rf))
+
+    def _plain(self, st: Stage, parallel: bool | None) -> Stage | None:
+        """The reduction or element-wise strategy without its own proof (the caller proves the whole);
+        returns the lane stage a vector reduction creates.  ``parallel=None``: decide by work."""
+        if st.op.reduce_axis:
+            rf = self._rfactor_lanes(st) if self.knobs.get(st.name, {}).get("lanes", True) else None
+            if parallel is not False and (self.knobs.get(st.name, {}).get("parallel", self._big(st))):
+                data = [a for a in st.leaves if a.kind == "data"]
+                for stage in ([rf] if rf is not None else []) + ([st] if data else []):
+                    stage.parallel(stage.leaves[0])
+            return rf
+        if parallel is False and len(st.op.axis) == 1:
+            return None  # one element per row
+        self._elementwise(st, strict=True, parallel=parallel)
+        return None
 
     # -- strategies ---------------------------------------------------------------------
     def _tile_sizes(self, c: Contraction, dtype: str) -> tuple[int, int]:
@@ -287,31 +364,39 @@ class AutoScheduler:
             S.rf[i, l] = reduce(r.outer) X[i, r.outer * v + l]      (l vectorised)
             S[i] = reduce(l) S.rf[i, l]
         """
-        op = st.op
-        if not isinstance(op, ComputeOp) or len(op.reduce_axis) != 1 or op.body.where is not None:
-            return False
-        (r,) = op.reduce_axis
-        v = self.lanes(op.dtype)
-        ext = const_int(r.extent)
-        if ext is None or ext % v or ext < 4 * v or not dt_float(op.dtype):
-            return False
-        reads = [n for n in walk(op.body.source) if isinstance(n, TensorRead)]
-        if not reads or not all(unit_stride_last(x, r) for x in reads):
-            return False
         try:
             with self.s.deferred_checks(self.outputs):
-                _, ri = st.split(r, factor=v)
-                rf = self.s[self.s.rfactor(op.output(0), ri, factor_axis=len(op.axis))]
-                lane = rf.op.axis[-1]
-                (ro,) = rf.op.reduce_axis
-                rf.reorder(ro, lane)
-                rf.vectorize(lane)
+                rf = self._rfactor_lanes(st)
+                if rf is None:
+                    return False
                 for stage in (rf, st):
                     if stage.op.axis and self._big(rf):
                         stage.parallel(stage.leaves[0])
         except ScheduleError:
             return False
         return True
+
+    def _rfactor_lanes(self, st: Stage) -> Stage | None:
+        """The lane stage of :meth:`_vector_reduction` (not proved here), or None when ``st`` is not a row
+        reduction over one unit-stride axis."""
+        op = st.op
+        if not isinstance(op, ComputeOp) or len(op.reduce_axis) != 1 or op.body.where is not None:
+            return None
+        (r,) = op.reduce_axis
+        v = self.lanes(op.dtype)
+        ext = const_int(r.extent)
+        if ext is None or ext % v or ext < 4 * v or not dt_float(op.dtype):
+            return None
+        reads = [n for n in walk(op.body.source) if isinstance(n, TensorRead)]
+        if not reads or not all(unit_stride_last(x, r) for x in reads):
+            return None
+        _, ri = st.split(r, factor=v)
+        rf = self.s[self.s.rfactor(op.output(0), ri, factor_axis=len(op.axis))]
+        lane = rf.op.axis[-1]
+        (ro,) = rf.op.reduce_axis
+        rf.reorder(ro, lane)
+        rf.vectorize(lane)
+        return rf
 
     def elementwise(self, st: Stage) -> None:
         """Split the innermost loop by the vector width and vectorise it, run the outer loop in parallel:
@@ -323,7 +408,7 @@ class AutoScheduler:
         except ScheduleError:
             self._elementwise(st, strict=False)
 
-    def _elementwise(self, st: Stage, strict: bool) -> None:
+    def _elementwise(self, st: Stage, strict: bool, parallel: bool | None = None) -> None:
         axes = list(st.leaves)
         if not axes:
             return
@@ -337,6 +422,8 @@ class AutoScheduler:
             except ScheduleError:
                 if strict:
                     raise
+        if parallel is False:
+            return
         if self.knobs.get(st.name, {}).get("parallel", self._big(st)) and const_int(st.leaves[0].extent) not in (
                 None, 1):
             try:
