@@ -242,3 +242,27 @@ def test_symbols_shared_by_inputs_must_agree(tmp_path):
     lib = s.export_library(tmp_path / "add.so", input_shapes={"a": (2, 4), "b": (2, 4)})
     a, b = np.ones((2, 4), np.float32), np.arange(8, dtype=np.float32).reshape(2, 4)
     np.testing.assert_array_equal(load(lib).run(None, {"a": a, "b": b})[0], a + b)
+
+
+def test_cross_exported_model_runs_under_qemu(tmp_path):
+    """A session for an AArch64 target compiles without running anything here; its library, linked by the
+    cross compiler with the C example, runs under qemu-aarch64 and matches onnxruntime."""
+    apt = "apt-get install -y gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
+    cross = require("aarch64-linux-gnu-gcc", apt)
+    qemu = require("qemu-aarch64", apt)
+    m = resnet_block_model(16)
+    s = connx.InferenceSession(m, target="llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76 -mattr=+neon")
+    x = np.random.default_rng(7).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    with pytest.raises(cuvil.TargetError, match="not this machine; export_library"):
+        s.run(None, {"x": x})
+    lib = s.export_library(tmp_path / "model.so", input_shapes={"x": (1, 3, 16, 16)})  # cc from the triple
+    with pytest.raises(cuvil.TargetError, match="is a library for aarch64"):
+        load(lib)
+    subprocess.run([cross, "-O2", "-o", "run_model", EXAMPLE, "-I.", "-L.", "-l:model.so", "-Wl,-rpath,$ORIGIN"],
+                   check=True, cwd=tmp_path, capture_output=True, text=True)
+    x.tofile(tmp_path / "x.bin")
+    proc = subprocess.run([qemu, "-L", "/usr/aarch64-linux-gnu", "./run_model", "--out", ".", "x.bin"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    y = np.fromfile(tmp_path / "output0.bin", np.float32).reshape(1, 10)
+    np.testing.assert_allclose(y, _ort(m, {"x": x})[0], rtol=RTOL, atol=ATOL)

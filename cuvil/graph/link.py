@@ -104,7 +104,8 @@ def emit_graph(module: Any, kernels: Sequence[LoweredFunc], calls: Sequence[Kern
 
 
 class LinkedModule:
-    """The kernels and calls compiled into one JIT-ed native function ``run(slot_pointers)``."""
+    """The kernels and calls compiled into one JIT-ed native function ``run(slot_pointers)``
+    (JIT-ed only when the target is this machine; otherwise only its sources and an export)."""
 
     def __init__(self, kernels: Sequence[LoweredFunc], calls: Sequence[KernelCall], target: Any,
                  entry: str = "graph"):
@@ -122,6 +123,11 @@ class LinkedModule:
         self._ir_unopt = link_ir(self.kernels, self.calls, self.target, entry)
         self._llmod = cg.optimize(self._ir_unopt, self.target)
         self._ir_opt = str(self._llmod)
+        self.session_threads: int | None = None
+        if not self.target.is_host:  # compiled for another machine: export it (cuvil.graph.export), run it there
+            self._engine = None
+            self._fn = self._not_here
+            return
         if '@"GOMP_parallel"' in self._ir_unopt or "@GOMP_parallel" in self._ir_unopt:
             threads.load_libgomp()
         mod = llvm.parse_assembly(self._ir_opt)
@@ -131,14 +137,21 @@ class LinkedModule:
         self._engine.finalize_object()
         self._fn = ENTRY(self._engine.get_function_address(entry))
         self._setter = threads.SETTER(self._engine.get_function_address(f"{entry}_set_num_threads"))
-        self.session_threads: int | None = None
         threads.register(self, self._setter)
         self._set_threads(threads.get_num_threads())
+
+    def _not_here(self, *_args: Any) -> int:
+        from cuvil.errors import TargetError
+
+        raise TargetError(f"this model was compiled for {self.target.canonical!r}, which is not this machine; "
+                          "export_library() it and run it there")
 
     def _set_threads(self, count: int) -> None:
         """Called by cuvil.runtime.threads; a session's own count wins unless set_num_threads was called."""
         from cuvil.runtime import threads
 
+        if self._engine is None:
+            return
         if self.session_threads is not None and threads._explicit is None:
             count = self.session_threads
         self._setter(count)
