@@ -8,7 +8,7 @@ import os
 import time
 from typing import Any
 
-from cuvil.autotune.measure import build_library, call_module
+from cuvil.autotune.worker import build_library, call_module
 
 SEGFAULT, HANG, EXIT_IN_BUILD = 1, 2, 3  # trial numbers (trial 0 is the untuned reference)
 

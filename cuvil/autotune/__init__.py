@@ -6,8 +6,8 @@ keep every result in a database that ``cuvil.build(..., tuning_db=...)`` reads.
 
 Modules: ``api`` (tune, TuneResult), ``workload`` (the structural key), ``space`` (knobs,
 features), ``model`` (boosted trees), ``search`` (evolutionary, random), ``measure``
-(builders and runners), ``database`` (SQLite, JSON lines), ``replay`` (what build does
-with a record).  See docs/autotune.md.
+(builders and runners), ``worker`` (what their processes run), ``database`` (SQLite, JSON
+lines), ``replay`` (what build does with a record).  See docs/autotune.md.
 """
 
 from __future__ import annotations

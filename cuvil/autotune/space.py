@@ -82,6 +82,12 @@ class Space:
                     default["lanes"] = True
             self.facts[st.name] = facts
             self._default[st.name] = {k: v for k, v in default.items() if k in self.knobs[st.name]}
+        import cuvil.schedule.auto as auto
+
+        if hasattr(auto, "default_knobs"):  # the scheduler's own statement of its choices, where it makes one
+            for st_name, kn in auto.default_knobs(args, self.target).items():
+                if st_name in self._default:
+                    self._default[st_name].update({k: v for k, v in kn.items() if k in self.knobs[st_name]})
         self.size = math.prod(len(vals) for kn in self.knobs.values() for vals in kn.values())
 
     # -- points ---------------------------------------------------------------------------

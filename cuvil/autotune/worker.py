@@ -1,0 +1,279 @@
+"""What the tuner's worker processes run: building a candidate's library, and checking and timing libraries.
+
+:mod:`cuvil.autotune.measure` starts these functions in spawned processes: ``_builder_main`` (one per
+core; it unpickles the te program once and builds each configuration it is sent) and ``_runner_main``
+(one process: loads each library with :func:`cuvil.runtime.load`, runs it on the tuner's inputs, compares
+the output with the reference and times it).  Timing: a warm-up call, then rounds of ``number`` calls (a
+run of at least ``min_run_s``), each after writing a buffer larger than the last-level cache, the
+candidate in turns with the untuned schedule; medians.  The final round of a tuning run times several
+libraries against each other the same way (:func:`_final_round`).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from cuvil.autotune.space import Config
+
+
+def build_library(args: Sequence[Any], target: str, config: Config, path: str, trial: int) -> tuple[str, dict]:
+    """The default build function: auto_schedule with the knobs, lower, compile, export ``path``.
+
+    Returns the schedule's trace (JSON) and a summary of the loop IR."""
+    from cuvil.pipeline import lower
+    from cuvil.runtime.module import Module
+    from cuvil.schedule.auto import auto_schedule
+    from cuvil.schedule.trace import trace_to_json
+
+    class _ExportOnly(Module):  # compile and export; no JIT in the builder
+        def _jit(self) -> None:
+            pass
+
+    s = auto_schedule(list(args), target, knobs=config)
+    func = lower(s, list(args))
+    _ExportOnly(func, target).export_library(path)
+    return trace_to_json(s.trace), loop_summary(func)
+
+
+def call_module(module: Any, arrays: Sequence[Any], trial: int) -> None:
+    """The default call function of the runner."""
+    module(*arrays)
+
+
+def loop_summary(func: Any) -> dict[str, Any]:
+    """Counts and extents of the loops of a lowered function, by kind (kept with each record)."""
+    from cuvil.ir.stmt import Allocate, Block, For, If, LetStmt, Store
+
+    out: dict[str, Any] = {"loops": 0, "depth": 0, "stores": 0}
+    stack: list[tuple[Any, int]] = [(func.body, 0)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, For):
+            out["loops"] += 1
+            out["depth"] = max(out["depth"], d + 1)
+            if x.kind != "serial":
+                ext = getattr(x.extent, "value", None)
+                out.setdefault(x.kind, []).append(int(ext) if isinstance(ext, int) else -1)
+            stack.append((x.body, d + 1))
+        elif isinstance(x, Block):
+            stack.extend((s, d) for s in x.stmts)
+        elif isinstance(x, (LetStmt, Allocate)):
+            stack.append((x.body, d))
+        elif isinstance(x, If):
+            stack.extend((b, d) for b in (x.then_body, x.else_body) if b is not None)
+        elif isinstance(x, Store):
+            out["stores"] += 1
+    return out
+
+
+def _new_tensor() -> Any:
+    from cuvil.te.tensor import Tensor
+
+    return Tensor.__new__(Tensor)
+
+
+def _set_tensor(t: Any, state: tuple[Any, ...]) -> None:
+    for k, v in zip(("op", "shape", "dtype", "name"), state):
+        object.__setattr__(t, k, v)
+
+
+class _ProgramPickler(pickle.Pickler):
+    """Pickles a te program: tensors are immutable (no ``__setattr__``), so their state is set afterwards,
+    which also lets an operation and its output tensor refer to each other."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        from cuvil.te.tensor import Tensor
+
+        if type(obj) is Tensor:
+            return _new_tensor, (), (obj.op, obj.shape, obj.dtype, obj.name), None, None, _set_tensor
+        return NotImplemented
+
+
+def dump_program(args: Sequence[Any]) -> bytes:
+    """``args`` (a te program's arguments) as bytes a worker process can load with ``pickle.loads``."""
+    import io
+
+    buf = io.BytesIO()
+    _ProgramPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(list(args))
+    return buf.getvalue()
+
+
+def _requests(conn: Connection) -> Iterator[Any]:
+    """The requests a worker process receives, until the parent sends None or goes away."""
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        yield msg
+
+
+def _builder_main(conn: Connection, payload: bytes, target: str, build_fn: Callable[..., Any]) -> None:
+    args = pickle.loads(payload)
+    for trial, config, path in _requests(conn):
+        t0 = time.perf_counter()
+        try:
+            trace, feats = build_fn(args, target, config, path, trial)
+            conn.send(("ok", trace, feats, "", time.perf_counter() - t0))
+        except Exception as exc:  # a refused or broken candidate: report it, keep serving
+            conn.send(("error", "[]", {}, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0))
+
+
+def _runner_main(conn: Connection, threads: int, flush_bytes: int, call_fn: Callable[..., Any]) -> None:
+    os.environ["CUVIL_NUM_THREADS"] = str(threads)
+    from cuvil.runtime import load
+    from cuvil.runtime.threads import set_num_threads
+
+    set_num_threads(threads)
+    flush = np.zeros(max(1, flush_bytes // 8), dtype=np.float64)
+    inputs: list[Any] = []
+    specs: list[tuple[tuple[int, ...], str]] = []
+    ref: list[np.ndarray] | None = None
+    ref_mod: Any = None
+    ref_arrays: list[Any] = []
+    for msg in _requests(conn):
+        kind = msg[0]
+        try:
+            if kind == "inputs":
+                _, inputs, specs, ref, ref_path = msg
+                ref_mod = load(ref_path) if ref_path else None
+                ref_arrays = [*inputs, *[np.empty(shape, dtype=dt) for shape, dt in specs]]
+                conn.send(("ok", None, ""))
+                continue
+            if kind == "final":
+                _, entries, opts = msg
+                loaded = [(load(path), [*inputs, *_blank(specs)], trial) for path, trial in entries]
+                conn.send(("ok", _final_round(loaded, call_fn, flush, opts, ref or []), ""))
+                continue
+            _, path, trial, opts = msg
+            mod = load(path)
+            outs = _blank(specs)
+            arrays = [*inputs, *outs]
+            call_fn(mod, arrays, trial)
+            if kind == "reference":
+                conn.send(("ok", outs, ""))
+                continue
+            err = _mismatch(outs, ref or [])
+            if err:
+                conn.send(("wrong", None, err))
+                continue
+            pair = (ref_mod, ref_arrays) if ref_mod is not None else None
+            conn.send(("ok", _time(mod, arrays, trial, call_fn, flush, opts, pair), ""))
+        except Exception as exc:
+            conn.send(("error", None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
+
+
+def _mismatch(outs: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> str:
+    for k, (o, r) in enumerate(zip(outs, ref)):
+        if o.shape != r.shape:
+            return f"output {k}: shape {o.shape}, reference {r.shape}"
+        if o.dtype.kind == "f":
+            scale = float(np.max(np.abs(r))) if r.size else 0.0
+            if np.isnan(o).sum() != np.isnan(r).sum():
+                return f"output {k}: NaN where the reference has none (elements left unwritten?)"
+            diff = np.abs(o.astype(np.float64) - r.astype(np.float64))
+            err = float(np.nanmax(diff)) / max(scale, 1e-30) if diff.size else 0.0
+            tol = 1e-4 if o.dtype.itemsize <= 4 else 1e-10
+            if err > tol:
+                return f"output {k}: max relative error {err:.2e} against the untuned schedule (limit {tol:g})"
+        elif not np.array_equal(o, r):
+            return f"output {k}: differs from the untuned schedule's output"
+    return ""
+
+
+def _blank(specs: Sequence[tuple[tuple[int, ...], str]]) -> list[np.ndarray]:
+    """Output arrays pre-filled with NaN (0 for integers), so an element a candidate leaves unwritten shows."""
+    return [np.full(shape, np.nan if np.dtype(dt).kind == "f" else 0, dtype=dt) for shape, dt in specs]
+
+
+def _timed(call_fn: Callable[..., Any], flush: np.ndarray, mod: Any, arrays: list[Any], trial: int, n: int) -> float:
+    """Seconds per call of ``n`` calls, after touching a buffer larger than the last-level cache."""
+    np.add(flush, 1.0, out=flush)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call_fn(mod, arrays, trial)
+    return (time.perf_counter() - t0) / n
+
+
+def _number(first: float, opts: dict[str, Any]) -> int:
+    """Calls per timed run: enough for ``min_run_s`` seconds (a timer's resolution and jitter stay small)."""
+    return max(1, min(1000, int(float(opts.get("min_run_s", 0.01)) / max(first, 1e-9))))
+
+
+def _final_round(entries: list[tuple[Any, list[Any], int]], call_fn: Callable[..., Any], flush: np.ndarray,
+                 opts: dict[str, Any], ref: Sequence[np.ndarray]) -> list[tuple[str, float | None, float | None, str]]:
+    """The end of a tuning run: ``entries`` (module, arrays, trial; the first is the untuned schedule) timed
+    against each other in the same process and the same way as every candidate.
+
+    Each entry is called and checked again (the warm-up); then ``rounds`` rounds in which every entry is timed
+    once, after a cache flush, each round starting at the next entry (no entry always runs right after the
+    flush of another's turn or first in a round).  Per entry: status, median seconds per call, the median
+    over rounds of its time divided by the untuned schedule's in the same round, and an error."""
+    firsts: list[float | None] = []
+    errors: list[str] = []
+    for mod, arrays, trial in entries:
+        firsts.append(_timed(call_fn, flush, mod, arrays, trial, 1))
+        errors.append(_mismatch(arrays[len(arrays) - len(ref):], ref) if ref else "")
+    live = [k for k, e in enumerate(errors) if not e]
+    numbers = {k: _number(firsts[k] or 0.0, opts) for k in live}
+    per_round = sum((firsts[k] or 0.0) * numbers[k] for k in live)
+    rounds = max(3, min(int(opts.get("rounds", 7)), int(float(opts.get("budget_s", 10.0)) / max(per_round, 1e-9))))
+    times: dict[int, list[float]] = {k: [] for k in live}
+    for r in range(rounds):
+        for k in live[r % len(live):] + live[: r % len(live)] if live else []:
+            mod, arrays, trial = entries[k]
+            times[k].append(_timed(call_fn, flush, mod, arrays, trial, numbers[k]))
+    base = times.get(0)
+    out: list[tuple[str, float | None, float | None, str]] = []
+    for k in range(len(entries)):
+        if errors[k]:
+            out.append(("wrong", None, None, errors[k]))
+            continue
+        ratio = float(np.median([t / b for t, b in zip(times[k], base)])) if base else None
+        out.append(("ok", float(np.median(times[k])), ratio, ""))
+    return out
+
+
+def _time(mod: Any, arrays: list[Any], trial: int, call_fn: Callable[..., Any], flush: np.ndarray,
+          opts: dict[str, Any], ref: tuple[Any, list[Any]] | None = None) -> tuple[float, float | None]:
+    """Median seconds per call, and the median ratio to the reference (the untuned schedule) timed in turns.
+
+    After the checked call (the warm-up), ``repeat`` rounds: each round flushes the caches (writes a buffer
+    larger than the last-level cache) and times ``number`` calls of the reference, then flushes and times the
+    candidate.  The ratio of each round compares the two under the same load, which on a shared machine
+    changes faster than a batch; a candidate far slower than the best so far gets two rounds, one that looks
+    close to it or better twice ``repeat``."""
+
+    def run(m: Any, a: list[Any], t: int, n: int) -> float:
+        return _timed(call_fn, flush, m, a, t, n)
+
+    first = run(mod, arrays, trial, 1)
+    ref_first = run(ref[0], ref[1], -1, 1) if ref is not None else None
+    number = _number(first, opts)
+    ref_number = _number(ref_first, opts) if ref_first else 0
+    repeat = int(opts.get("repeat", 5))
+    best = opts.get("best_rel")
+    if best is not None and ref_first and first / ref_first > 3.0 * best:
+        repeat = min(repeat, 2)  # clearly worse: a rough time is enough
+    elif best is not None and ref_first and first / ref_first < 1.1 * best:
+        repeat *= 2  # a contender for the best: the best of many noisy times is optimistic, so time it longer
+    per_round = first * number + (ref_first or 0.0) * ref_number
+    repeat = max(1, min(repeat, int(float(opts.get("budget_s", 2.0)) / max(per_round, 1e-9))))
+    times, ratios = [], []
+    for _ in range(repeat):
+        r = run(ref[0], ref[1], -1, ref_number) if ref is not None else None
+        t = run(mod, arrays, trial, number)
+        times.append(t)
+        if r:
+            ratios.append(t / r)
+    return float(np.median(times)), (float(np.median(ratios)) if ratios else None)
