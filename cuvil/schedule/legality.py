@@ -136,11 +136,18 @@ def _events(model: PolyModel, tm: TimeMaps) -> tuple[isl.UnionMap, isl.UnionMap,
     return _union(reads), _union(writes), _union(sched), _union(inst)
 
 
-def _carried(width: int, d: int, params: str) -> isl.Map:
-    taken = set(re.findall(r"\w+", params))  # a size named t0 must not be taken for time dimension t0
+def _time_names(params: str) -> tuple[str, str]:
+    """Two prefixes for time dimensions that no size in ``params`` starts with (a size named t0 must not
+    be taken for time dimension t0)."""
+    taken = set(re.findall(r"\w+", params))
     pt, pu = "t", "u"
     while any(n.startswith((pt, pu)) for n in taken):
         pt, pu = pt + "_", pu + "_"
+    return pt, pu
+
+
+def _carried(width: int, d: int, params: str) -> isl.Map:
+    pt, pu = _time_names(params)
     t = [f"{pt}{k}" for k in range(width)]
     u = [f"{pu}{k}" for k in range(width)]
     same = [f"{a} = {b}" for a, b in zip(t[:d], u[:d])]
@@ -196,6 +203,32 @@ def _has_loop(model: PolyModel, tm: TimeMaps, ls: LocalStorage) -> bool:
     return not fn.is_single_valued()
 
 
+def _prefix_map(width: int, d: int, params: str) -> isl.UnionMap:
+    """``{ [t_0 .. t_{W-1}] -> [t_0 .. t_d] }``: a time vector's prefix through dimension ``d``."""
+    pt, _ = _time_names(params)
+    t = [f"{pt}{k}" for k in range(width)]
+    return isl.UnionMap(f"{params} -> {{ [{', '.join(t)}] -> [{', '.join(t[:d + 1])}] }}")
+
+
+def _conflicts(ev_reads: isl.UnionMap, ev_writes: isl.UnionMap, ev_sched: isl.UnionMap, inside: isl.UnionSet,
+               private: isl.UnionSet | None, width: int, d: int, params: str) -> bool:
+    """Whether two events inside the loop at time dimension ``d``, in different iterations of it (and
+    the same iteration of every loop around it), touch one element and at least one of them writes it.
+
+    Memory-based, so it needs no last-writer (lexicographic maximum) computation: every carried flow,
+    anti or output dependence is such a pair, and such a pair always implies a carried dependence (the
+    accesses of that element between the two iterations, in time order, change iteration somewhere:
+    that consecutive pair is one).  Times are cut to dimensions ``0 .. d`` before the pairs are formed."""
+    if private is not None:
+        ev_reads, ev_writes = ev_reads.subtract_range(private), ev_writes.subtract_range(private)
+    ev_reads, ev_writes = ev_reads.intersect_domain(inside), ev_writes.intersect_domain(inside)
+    when = ev_sched.intersect_domain(inside).apply_range(_prefix_map(width, d, params))  # event -> [t_0..t_d]
+    w = ev_writes.reverse().apply_range(when)  # element -> prefix of a write
+    a = w.union(ev_reads.reverse().apply_range(when))  # element -> prefix of any access
+    pairs = w.reverse().apply_range(a)  # [write prefix] -> [access prefix] of one element
+    return not pairs.intersect(isl.UnionMap.from_map(_carried(d + 1, d, params))).is_empty()
+
+
 def _check_parallel(sched: Any, model: PolyModel, tm: TimeMaps, ev_reads: isl.UnionMap, ev_writes: isl.UnionMap,
                     ev_sched: isl.UnionMap, ev_inst: isl.UnionMap, flow: isl.UnionFlow, what: str,
                     storage: dict[int, LocalStorage] | None = None) -> None:
@@ -214,15 +247,17 @@ def _check_parallel(sched: Any, model: PolyModel, tm: TimeMaps, ev_reads: isl.Un
         if d is None:
             continue
         private = _private(model, tm, storage or {}, d)
-        key = sum(1 for ls in (storage or {}).values() if ls.dim >= d)
-        if key not in cache:
-            cache[key] = _dependences(ev_reads, ev_writes, ev_sched, private)
-        deps = cache[key]
         # the events inside this loop: statements whose time dimension d is this loop
         inside = _union([isl.UnionMap.from_map(tm.maps[s.name]).wrap().unwrap().wrap()
                          for s in model.statements if tm.dim_leaf[s.name][d] is leaf])
+        if not _conflicts(ev_reads, ev_writes, ev_sched, inside, private, tm.width, d, model.param_str):
+            continue
+        # refused: name the dependence (dataflow analysis, only on this path)
+        key = sum(1 for ls in (storage or {}).values() if ls.dim >= d)
+        if key not in cache:
+            cache[key] = _dependences(ev_reads, ev_writes, ev_sched, private)
         carried = _carried(tm.width, d, model.param_str)
-        for name, dep in deps.items():
+        for name, dep in cache[key].items():
             dep = dep.intersect_domain(inside).intersect_range(inside)
             in_time = dep.apply_domain(ev_sched).apply_range(ev_sched)
             hit = in_time.intersect(isl.UnionMap.from_map(carried))
@@ -235,6 +270,11 @@ def _check_parallel(sched: Any, model: PolyModel, tm: TimeMaps, ev_reads: isl.Un
                     f"writes):\n  {_short(pairs)}\nParallelise or vectorise a loop that carries none "
                     "(an output axis); a reduction axis needs rfactor first."
                 )
+        raise ScheduleError(
+            f"{what}: loop {leaf.name} of {st.name} cannot be {_verb(kind)}: two of its iterations touch one "
+            "element and one of them writes it. Parallelise or vectorise a loop that carries none (an output "
+            "axis); a reduction axis needs rfactor first."
+        )
 
 
 def _verb(kind: str) -> str:
