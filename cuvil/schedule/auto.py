@@ -278,12 +278,11 @@ class AutoScheduler:
             len(readers) == 1 and _elementwise(readers[0]) and readers[0].attach == "root"
             and not any(st is o for o in self.outputs) and _reads_at_own_axes(s, readers[0], st)
         )
+        ps = None
         if pack is not None:
-            pvec, layout = pack
-            packed = s.cache_read(pvec, "global", [op.output(0)], layout=layout)
-            ps = s[packed]
-            if const_int(ps.op.axis[0].extent):
-                ps.parallel(ps.op.axis[0])
+            pvec, layout, d = pack
+            ps = s[s.cache_read(pvec, "global", [op.output(0)], layout=layout)]
+            self._pack_loops(ps, d, nr)
             op = st.op
         if epilogue:
             outer = readers[0]
@@ -327,9 +326,31 @@ class AutoScheduler:
         cache.reorder(*(others + red + [ci, cj]))
         cache.unroll(ci)
         cache.vectorize(cj)
-        return {id(outer), id(cache)}
+        return {id(outer), id(cache)} | ({id(ps)} if ps is not None else set())
 
-    def _packable(self, c: Contraction, nr: int) -> tuple[Tensor, Any] | None:
+    def _pack_loops(self, ps: Stage, d: int, nr: int) -> None:
+        """The packing copy runs panel by panel, each panel's elements in the order they are stored, so
+        the writes stay inside one panel row and the reads run along the source's rows::
+
+            for (f < 512) for (c < 512) for (y < 3) for (x < 3)     for (f.o < 16)            // parallel
+              P[f // 32, c, y, x, f % 32] = W[f, c, y, x]     ->      for (c < 512) for (f.i < 32) for (y, x)
+                                                                        P[f.o, c, y, x, f.i] = W[f.o * 32 + f.i, c, y, x]
+
+        With the packed dimension last (``B[k, j]`` -> ``[j // 32, k, j % 32]``) the inner loop copies 32
+        contiguous elements to 32 contiguous elements, vectorised."""
+        ax = list(ps.op.axis)
+        if nr <= 1 or (const_int(ax[d].extent) or 0) <= nr:
+            if const_int(ax[0].extent):
+                ps.parallel(ax[0])
+            return
+        o, i = ps.split(ax[d], factor=nr)
+        others = ax[:d] + ax[d + 1:]
+        ps.reorder(o, *others[:1], i, *others[1:])
+        if d == len(ax) - 1 and nr % self.lanes(ps.op.dtype) == 0:
+            ps.vectorize(i)
+        ps.parallel(o)
+
+    def _packable(self, c: Contraction, nr: int) -> tuple[Tensor, Any, int] | None:
         """Pack the vector operand (of constant shape, read at plain axes) into panels of ``nr``
         along j's dimension ``d``: ``B[k, j]`` -> ``[j // nr, k, j % nr]``, ``W[f, c, ry, rx]`` (j = f) ->
         ``[f // nr, c, ry, rx, f % nr]``."""
@@ -348,7 +369,7 @@ class AutoScheduler:
         d = c.pack_dim if c.pack_dim is not None else len(idx) - 1
         if idx[d] is not c.j or (c.pack_dim is None and len(idx) != 2):
             return None
-        return t, (lambda *ax: (ax[d] // nr, *ax[:d], *ax[d + 1:], ax[d] % nr))
+        return t, (lambda *ax: (ax[d] // nr, *ax[:d], *ax[d + 1:], ax[d] % nr)), d
 
     def reduction(self, st: Stage) -> None:
         if self.knobs.get(st.name, {}).get("lanes", True) and self._vector_reduction(st):
