@@ -332,9 +332,11 @@ class AutoScheduler:
         """The packing copy runs panel by panel, each panel's elements in the order they are stored, so
         the writes stay inside one panel row and the reads run along the source's rows::
 
-            for (f < 512) for (c < 512) for (y < 3) for (x < 3)     for (f.o < 16)            // parallel
-              P[f // 32, c, y, x, f % 32] = W[f, c, y, x]     ->      for (c < 512) for (f.i < 32) for (y, x)
-                                                                        P[f.o, c, y, x, f.i] = W[f.o * 32 + f.i, c, y, x]
+            for (f < 512) for (c < 512) for (y < 3) for (x < 3)
+              P[f // 32, c, y, x, f % 32] = W[f, c, y, x]
+          ->
+            parallel for (f.o < 16) for (c < 512) for (f.i < 32) for (y < 3) for (x < 3)
+              P[f.o, c, y, x, f.i] = W[f.o * 32 + f.i, c, y, x]
 
         With the packed dimension last (``B[k, j]`` -> ``[j // 32, k, j % 32]``) the inner loop copies 32
         contiguous elements to 32 contiguous elements, vectorised."""
