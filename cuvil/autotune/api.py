@@ -109,7 +109,7 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
          seed: int = 0, batch_size: int | None = None, inputs: Sequence[np.ndarray] | None = None,
          builder: Builder | None = None, runner: Runner | None = None, progress: bool | None = None,
          repeat: int = 5, build_timeout_s: float | None = None, final_top: int = 4,
-         final_rounds: int = 7) -> TuneResult:
+         final_rounds: int = 15) -> TuneResult:
     """Tune the schedule of the program with arguments ``args`` until the database holds ``trials`` records.
 
     ``timeout_s`` bounds one candidate's run (``build_timeout_s``, default ``6 * timeout_s``, its build:

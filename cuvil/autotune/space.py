@@ -49,6 +49,10 @@ class Space:
         self.target = target if isinstance(target, Target) else Target(target)
         self.threads = max(1, int(threads))
         self.knobs = knob_space(args, self.target)
+        if self.threads == 1:  # one thread: a parallel loop runs as a serial one, so that knob only doubles the
+            # space (two configurations, one schedule); the scheduler's own choice stands
+            self.knobs = {st: {k: v for k, v in kn.items() if k != "parallel"} for st, kn in self.knobs.items()}
+            self.knobs = {st: kn for st, kn in self.knobs.items() if kn}
         outs = [a for a in args if isinstance(a, Tensor) and not isinstance(a.op, PlaceholderOp)]
         s = Schedule(outs)
         sch = AutoScheduler(s, [s[o] for o in outs], self.target)

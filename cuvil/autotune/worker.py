@@ -227,7 +227,7 @@ def _final_round(entries: list[tuple[Any, list[Any], int]], call_fn: Callable[..
     live = [k for k, e in enumerate(errors) if not e]
     numbers = {k: _number(firsts[k] or 0.0, opts) for k in live}
     per_round = sum((firsts[k] or 0.0) * numbers[k] for k in live)
-    rounds = max(3, min(int(opts.get("rounds", 7)), int(float(opts.get("budget_s", 10.0)) / max(per_round, 1e-9))))
+    rounds = max(3, min(int(opts.get("rounds", 15)), int(float(opts.get("budget_s", 10.0)) / max(per_round, 1e-9))))
     times: dict[int, list[float]] = {k: [] for k in live}
     for r in range(rounds):
         for k in live[r % len(live):] + live[: r % len(live)] if live else []:
