@@ -1,9 +1,10 @@
 """A compiled graph -> one shared library with a C entry point, and a header that documents it.
 
 ``export_graph(prog, inputs, "model.so")`` writes ``model.so`` and ``model.h``.  The library holds
-every kernel of the graph (the same loop IR the in-process module runs), the constants (one
-read-only blob, assembled with ``.incbin`` and linked into the same file) and these symbols, all
-prefixed (``model_`` by default, from the file name) so several models load into one process::
+the module the in-process graph runs (its optimised LLVM IR, parsed again: nothing is emitted or
+optimised twice), the constants (one read-only blob, assembled with ``.incbin`` and linked into
+the same file) and these symbols, all prefixed (``model_`` by default, from the file name) so
+several models load into one process::
 
     int32_t model_run(const float *x, ..., float *y, ...);           /* typed: inputs, then outputs */
     int32_t model_run_array(const void *const *inputs, void *const *outputs, void *workspace);
@@ -246,18 +247,20 @@ def export_graph(prog: Any, inputs: Sequence[TensorSpec], path: str | os.PathLik
         if spec.dtype not in _C_TYPES:
             raise ArgumentError(f"tensor {spec.name!r} has dtype {spec.dtype}, which has no C type here")
     layout = plan_layout(prog, inputs, outputs)
-    kernels = prog.module.kernels if prog.module is not None else ()
-    calls = prog.module.calls if prog.module is not None else ()
-    text = entry_ir(prefix, tgt, kernels, calls, len(prog.slots), len(inputs), len(outputs), layout)
-    uses_threads = '@"GOMP_parallel"' in text or "@GOMP_parallel" in text
+    mod = _linked_module(prog, tgt)
+    uses_threads = any(f.name == "GOMP_parallel" for f in mod.functions)
     meta = {"abi": MODEL_ABI, "kind": "model", "prefix": prefix, "name": name, "target": tgt.canonical,
             "inputs": [t.to_json() for t in inputs], "outputs": [t.to_json() for t in outputs],
             "workspace_bytes": layout.workspace_bytes, "constant_bytes": layout.blob_bytes,
             "threads": "libgomp" if uses_threads else "none", "status": {str(k): v for k, v in STATUS.items()}}
+    text = api_ir(prefix, tgt, prog.module.entry if prog.module is not None else "graph", len(prog.slots),
+                  len(inputs), len(outputs), layout)
     text = cg.add_string_constant(text, f"{prefix}_meta", json.dumps(meta, separators=(",", ":")))
     text = cg.add_string_constant(text, "cuvil_module_meta", json.dumps(
         {"abi": MODEL_ABI, "kind": "model", "prefix": prefix}))
-    mod = cg.optimize(text, tgt, reloc="pic")
+    mod.link_in(cg.optimize(text, tgt, reloc="pic"))
+    _internalize(mod, {f"{prefix}_{x}" for x in ("run", "run_array", "workspace_size", "set_num_threads", "meta")}
+                 | {"cuvil_module_meta"})
     imports = sorted(f.name for f in mod.functions if f.is_declaration and not f.name.startswith("llvm."))
     obj = cg.object_code(mod, tgt)
     with tempfile.TemporaryDirectory(prefix="cuvil-export-") as tmp:
@@ -295,18 +298,37 @@ def _blob_object(cc: str, tmp: str, symbol: str, layout: Layout) -> str:
     return obj
 
 
-def entry_ir(prefix: str, target: Any, kernels: Sequence[Any], calls: Sequence[Any], n_slots: int, n_in: int,
-             n_out: int, layout: Layout) -> str:
-    """The LLVM IR text (unoptimised) of the kernels, the slot-table entry and the exported C API."""
+def _linked_module(prog: Any, target: Any) -> Any:
+    """The graph's kernels and slot-table entry as an LLVM module, already optimised: the session's own
+    (its kernels are not emitted or optimised a second time), or an empty entry for a graph with no call."""
+    import llvmlite.binding as llvm
+
+    from cuvil.codegen import llvm as cg
+    from cuvil.graph.link import link_ir
+
+    if prog.module is not None:
+        return llvm.parse_assembly(prog.module.get_source("llvm"))
+    return cg.optimize(link_ir([], [], target), target, reloc="pic")
+
+
+def _internalize(mod: Any, api: set[str]) -> None:
+    """Give every definition but the C API internal linkage (two models never clash; unused code goes)."""
+    for v in (*mod.functions, *mod.global_variables):
+        if not v.is_declaration and v.name not in api:
+            v.linkage = "internal"
+
+
+def api_ir(prefix: str, target: Any, entry: str, n_slots: int, n_in: int, n_out: int, layout: Layout) -> str:
+    """The LLVM IR text of the exported C API around the graph's slot-table entry ``int32_t <entry>(void **)``
+    (declared here, defined by the linked module; see cuvil.graph.link)."""
     from llvmlite import ir
 
-    from cuvil.codegen.llvm import finish_ir_text
     from cuvil.codegen.llvm_expr import I32, I64, PTR
-    from cuvil.graph.link import emit_graph, new_module
+    from cuvil.graph.link import new_module
 
     module = new_module(prefix, target)
-    graph, setter = emit_graph(module, kernels, calls, target, entry=f"{prefix}.graph")
-    api = {f"{prefix}_run", f"{prefix}_run_array", f"{prefix}_workspace_size", f"{prefix}_set_num_threads"}
+    graph = ir.Function(module, ir.FunctionType(I32, [PTR]), entry)
+    setter = ir.Function(module, ir.FunctionType(ir.VoidType(), [I32]), f"{entry}_set_num_threads")
     blob = None
     if layout.blob_bytes:
         blob = ir.GlobalVariable(module, ir.ArrayType(ir.IntType(8), layout.blob_bytes), f"{prefix}.weights")
@@ -320,10 +342,7 @@ def entry_ir(prefix: str, target: Any, kernels: Sequence[Any], calls: Sequence[A
         f.attributes.add("nounwind")
         return f
 
-    def libc(name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
-        return module.globals.get(name) or fn(name, ret, args)  # kernels may have declared it
-
-    malloc, free = libc("malloc", PTR, [I64]), libc("free", ir.VoidType(), [PTR])
+    malloc, free = fn("malloc", PTR, [I64]), fn("free", ir.VoidType(), [PTR])
     memcpy = module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
 
     size = fn(f"{prefix}_workspace_size", I64, [])
@@ -407,12 +426,7 @@ def entry_ir(prefix: str, target: Any, kernels: Sequence[Any], calls: Sequence[A
     tb.call(setter, [threads.args[0]])
     tb.ret_void()
 
-    for g in module.global_values:  # only the API is visible outside the library
-        if isinstance(g, ir.Function) and g.blocks and g.name not in api:
-            g.linkage = "internal"
-        elif isinstance(g, ir.GlobalVariable) and g.initializer is not None and g.name not in api:
-            g.linkage = "internal"
-    return finish_ir_text(str(module), target)
+    return str(module)
 
 
 def _target_lines(target: str) -> str:
