@@ -274,3 +274,18 @@ def test_operand_packed_ahead_of_time_gets_the_tile_without_a_copy():
     assert "cache_read" not in ops_used and "cache_write" in ops_used
     assert ("split", "j", 32) in [(st.op, *st.args) for st in s.trace if st.op == "split"]
     _close(c, a.astype(np.float64) @ b, k)
+
+
+def test_default_knobs_are_the_untuned_choices():
+    A = te.placeholder((200, 96), name="A")
+    B = te.placeholder((96, 160), name="B")
+    k = te.reduce_axis((0, 96), name="k")
+    C = te.compute((200, 160), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    X = te.placeholder((1, 16, 12, 12), name="X")
+    W = te.placeholder((40, 16, 3, 3), name="W")
+    Y = ops.conv2d_nchw(X, W, padding=1)
+    for args in ([A, B, C], [X, W, Y]):
+        kn = cuvil.schedule.auto.default_knobs(args)
+        space = knob_space(args)
+        assert set(kn) == set(space) and all(set(kn[s]) == set(space[s]) for s in kn)
+        assert [str(x) for x in auto_schedule(args, knobs=kn).trace] == [str(x) for x in auto_schedule(args).trace]

@@ -300,6 +300,11 @@ class AutoScheduler:
         rest = [a for a in outer.leaves if not any(a is b for b in (io, jo, ii, ji))]
         panels_outer = k.get("panels_outer", pack is not None or c.panel is not None)  # a panel stays in cache
         order = [jo, *rest, io] if panels_outer else [*rest, io, jo]
+        group = int(k.get("group", 1))  # column panels that share each row tile's reads of the other operand
+        ext_jo = const_int(jo.extent) or 0
+        if panels_outer and 1 < group < ext_jo:
+            jo, jg = outer.split(jo, factor=group)
+            order = [jo, *rest, io, jg]
         outer.reorder(*order)
         # fuse the outer loops into one parallel loop, except a tile loop with a tail: fused, its tail
         # could not be versioned apart (full tiles then keep constant inner bounds)
@@ -497,6 +502,7 @@ KNOBS = {
     "nr": "contraction: columns of the register tile (vectorised; a multiple of the vector width)",
     "pack": "contraction: pack the vector operand into panels of nr columns (cache_read with a layout)",
     "panels_outer": "contraction: column panels outermost (a panel stays in cache while every row tile uses it)",
+    "group": "contraction: column panels run one after another for each row tile (its rows stay in cache)",
     "parallel": "run the outer loop on threads",
     "lanes": "row reduction: keep vector-lane partial results (rfactor)",
 }
@@ -533,9 +539,39 @@ def knob_space(args: Sequence[Any], target: Any = "llvm") -> dict[str, dict[str,
             "nr": sorted({nr for _, nr in tiles}),
             "pack": [True, False],
             "panels_outer": [True, False],
+            "group": [1, 2, 4, 8],
             "parallel": [True, False],
         }
     return space
+
+
+def default_knobs(args: Sequence[Any], target: Any = "llvm") -> dict[str, dict[str, Any]]:
+    """The value of every knob of :func:`knob_space` that :func:`auto_schedule` picks on its own:
+    ``auto_schedule(args, target, knobs=default_knobs(args, target))`` is ``auto_schedule(args, target)``."""
+    outs = [a for a in args if isinstance(a, Tensor) and not isinstance(a.op, PlaceholderOp)]
+    if not outs:
+        raise ArgumentError("default_knobs: none of the arguments is a computed tensor")
+    space = knob_space(args, target)
+    s = Schedule(outs)
+    sch = AutoScheduler(s, [s[o] for o in outs], target)
+    chosen: dict[str, dict[str, Any]] = {}
+    for st in s.compute_stages:
+        if st.name not in space:
+            continue
+        op = st.op
+        if "candidate" in space[st.name]:
+            cands = sch.candidates(op)
+            c = sch.choose(op)
+            idx = next(k for k, x in enumerate(cands) if c is not None and x.i is c.i and x.j is c.j
+                       and x.vector is c.vector and x.pack_dim == c.pack_dim)
+            mr, nr = sch._tile_sizes(c, op.dtype)
+            packed = c.panel is None and sch._packable(c, nr) is not None
+            chosen[st.name] = {"candidate": idx, "mr": mr, "nr": nr, "pack": True,
+                               "panels_outer": packed or c.panel is not None, "group": 1,
+                               "parallel": sch._work(st) >= PARALLEL_MIN_WORK}
+        else:
+            chosen[st.name] = {"parallel": sch._big(st)} | ({"lanes": True} if "lanes" in space[st.name] else {})
+    return chosen
 
 
 def _is_cuda(target: Any) -> bool:
