@@ -266,3 +266,43 @@ def test_cross_exported_model_runs_under_qemu(tmp_path):
     assert proc.returncode == 0, proc.stderr
     y = np.fromfile(tmp_path / "output0.bin", np.float32).reshape(1, 10)
     np.testing.assert_allclose(y, _ort(m, {"x": x})[0], rtol=RTOL, atol=ATOL)
+
+
+def test_several_inputs_and_dtypes_through_the_c_example(tmp_path):
+    """A float32 and an int64 input, two outputs: the generic C example reads one file per input."""
+    gcc = require("gcc", "apt-get install gcc")
+    nodes = [helper.make_node("Gather", ["table", "idx"], ["rows"], name="gather", axis=0),
+             helper.make_node("Relu", ["table"], ["pos"], name="relu")]
+    m = _model(nodes, [helper.make_tensor_value_info("table", TensorProto.FLOAT, [6, 4]),
+                       helper.make_tensor_value_info("idx", TensorProto.INT64, [3])],
+               [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [3, 4]),
+                helper.make_tensor_value_info("pos", TensorProto.FLOAT, [6, 4])])
+    lib = connx.InferenceSession(m).export_library(tmp_path / "model.so")
+    assert "int32_t model_run(const float *table, const int64_t *idx, float *rows, float *pos);" in \
+        (tmp_path / "model.h").read_text()
+    table = np.random.default_rng(8).standard_normal((6, 4)).astype(np.float32)
+    idx = np.array([5, 0, 3], np.int64)
+    table.tofile(tmp_path / "table.bin")
+    idx.tofile(tmp_path / "idx.bin")
+    subprocess.run([gcc, "-o", "run_model", EXAMPLE, "-I.", "-L.", "-l:model.so", "-Wl,-rpath,$ORIGIN"],
+                   check=True, cwd=tmp_path, capture_output=True, text=True)
+    proc = subprocess.run(["./run_model", "--out", ".", "table.bin", "idx.bin"], cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    ref = _ort(m, {"table": table, "idx": idx})
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "output0.bin", np.float32).reshape(3, 4), ref[0])
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "output1.bin", np.float32).reshape(6, 4), ref[1])
+    got = load(lib).run(["pos", "rows"], {"table": table, "idx": idx})
+    np.testing.assert_array_equal(got[0], ref[1])
+    np.testing.assert_array_equal(got[1], ref[0])
+    with pytest.raises(cuvil.DTypeError, match=r"input 'idx': expected tensor\(int64\) \(int64\), got int32"):
+        load(lib).run(None, {"table": table, "idx": idx.astype(np.int32)})
+
+
+def test_a_shape_decided_by_an_input_value_cannot_be_exported(tmp_path):
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
+                       helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    with pytest.raises(cuvil.ShapeError, match="the value of input\\(s\\) 'shape' decides a shape"):
+        connx.InferenceSession(m).export_library(tmp_path / "r.so")
