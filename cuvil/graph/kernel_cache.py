@@ -3,7 +3,11 @@
 Keys hash the caller's description of a kernel (an ONNX node's op, attributes, input shapes and the
 values it was specialised on) with the cuvil version, the source of every cuvil module (a change to
 the scheduler or the lowering invalidates everything) and the canonical target.  Entries are
-pickled :class:`~cuvil.ir.stmt.LoweredFunc` objects; LLVM code generation still runs per model.
+pickled :class:`~cuvil.ir.stmt.LoweredFunc` objects.
+
+Linked modules keep their machine code here too (:func:`module_key`, :func:`load_object`,
+:func:`store_object`): a model whose kernels and calls are all unchanged skips LLVM (code generation,
+O3 and the JIT's machine code) and loads its object file into the JIT.
 
 The directory is ``$CUVIL_CACHE_DIR`` (``off`` disables the cache), else ``~/.cache/cuvil/kernels``.
 A corrupt or unreadable entry is a miss, never an error.
@@ -15,6 +19,7 @@ import hashlib
 import os
 import pickle
 import tempfile
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -42,12 +47,12 @@ def _code_version() -> str:
     return h.hexdigest()
 
 
-def _path(key: Any) -> str | None:
+def _path(key: Any, suffix: str = ".pkl") -> str | None:
     d = cache_dir()
     if d is None:
         return None
     digest = hashlib.sha256((_code_version() + repr(key)).encode()).hexdigest()
-    return os.path.join(d, digest[:2], digest + ".pkl")
+    return os.path.join(d, digest[:2], digest + suffix)
 
 
 def load(key: Any) -> Any | None:
@@ -64,14 +69,46 @@ def load(key: Any) -> Any | None:
 
 def store(key: Any, func: Any) -> None:
     """Keep ``func`` under ``key`` (written atomically; failures to write are ignored)."""
-    p = _path(key)
+    _write(_path(key), pickle.dumps(func, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _write(p: str | None, data: bytes) -> None:
     if p is None:
         return
     try:
         os.makedirs(os.path.dirname(p), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(p), suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            pickle.dump(func, f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.write(data)
         os.replace(tmp, p)
     except OSError:
         pass
+
+
+def module_key(kernels: Sequence[Any], calls: Sequence[Any], target: Any, entry: str) -> str:
+    """A digest of everything a linked module's machine code depends on: its kernels (their pickled
+    loop IR, which is deterministic), its calls, the entry name and the canonical target (the cuvil
+    sources are added by :func:`load_object`/:func:`store_object`)."""
+    from cuvil.target import Target
+
+    h = hashlib.sha256(f"{Target(target).canonical}\0{entry}\0{list(calls)!r}\0".encode())
+    for k in kernels:
+        h.update(pickle.dumps(k, protocol=pickle.HIGHEST_PROTOCOL))
+    return h.hexdigest()
+
+
+def load_object(key: str) -> bytes | None:
+    """The object code stored under ``key`` (from :func:`module_key`), or None."""
+    p = _path(("object", key), ".o")
+    if p is None or not os.path.exists(p):
+        return None
+    try:
+        with open(p, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def store_object(key: str, data: bytes) -> None:
+    """Keep a linked module's object code under ``key`` (written atomically; failures are ignored)."""
+    _write(_path(("object", key), ".o"), bytes(data))

@@ -22,6 +22,7 @@ broken dependence in isl notation, and what would be legal.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import islpy as isl
@@ -91,16 +92,23 @@ def check_schedule(sched: Any, step: Any = None, live_out: list[Any] | None = No
         tm = build_time_maps(model)
         outs = live_out if live_out is not None else [sched[o] for o in sched.outputs]
         ref = Reference(model, outs)
-        ev_reads, ev_writes, ev_sched, ev_inst = _events(model, tm)
+        ev = _events(model, tm)
         end = _end_reads(model, outs)
+        ev_reads, ev_sched = ev.reads, ev.sched
         if end is not None:
-            end_time = isl.Map.from_union_map(_end_time(model, tm.width))
-            end_dm = isl.UnionMap.from_map(end_time.domain_map())  # [END[] -> t] -> END[]
-            ev_reads = ev_reads.union(end_dm.apply_range(end))
-            ev_sched = ev_sched.union(isl.UnionMap.from_map(end_time.range_map()))
-            ev_inst = ev_inst.union(end_dm)
-        flow = _flow(ev_reads, ev_writes, ev_sched)
-        full = flow.get_full_must_dependence().uncurry().apply_domain(ev_inst.product(ev_inst))
+            end_time = _end_time(model, tm.width)
+            if ev.inst is None:
+                ev_reads, ev_sched = ev_reads.union(end), ev_sched.union(end_time)
+            else:
+                end_time_map = isl.Map.from_union_map(end_time)
+                end_dm = isl.UnionMap.from_map(end_time_map.domain_map())  # [END[] -> t] -> END[]
+                ev_reads = ev_reads.union(end_dm.apply_range(end))
+                ev_sched = ev_sched.union(isl.UnionMap.from_map(end_time_map.range_map()))
+                ev = Events(ev.reads, ev.writes, ev.sched, ev.inst.union(end_dm), ev.tm)
+        flow = _flow(ev_reads, ev.writes, ev_sched)
+        full = flow.get_full_must_dependence().uncurry()
+        if ev.inst is not None:
+            full = full.apply_domain(ev.inst.product(ev.inst))
         wrong = full.subtract(ref.full)
         if not wrong.is_empty():
             raise ScheduleError(
@@ -110,7 +118,10 @@ def check_schedule(sched: Any, step: Any = None, live_out: list[Any] | None = No
                 "its readers (compute producers before the loop that reads them), and keep the loops of one "
                 "reduction in their order (changing it would reassociate the sum; rfactor makes that explicit)."
             )
-        missing = flow.get_may_no_source().apply_domain(ev_inst).subtract(ref.no_source)
+        missing = flow.get_may_no_source()
+        if ev.inst is not None:
+            missing = missing.apply_domain(ev.inst)
+        missing = missing.subtract(ref.no_source)
         if not missing.is_empty():
             raise ScheduleError(
                 f"{what} would change the results: these reads would happen before the value is "
@@ -118,13 +129,48 @@ def check_schedule(sched: Any, step: Any = None, live_out: list[Any] | None = No
                 "Compute the producer before its readers (compute_at a loop that encloses the reads)."
             )
         inter = [st for st in sched.compute_stages if st.attach != "inline" and all(st is not o for o in outs)]
-        _check_parallel(sched, model, tm, ev_reads, ev_writes, ev_sched, ev_inst, flow, what,
-                        plan_storage(model, tm, inter))
+        _check_parallel(sched, model, tm, ev, what, plan_storage(model, tm, inter))
         return tm
 
 
-def _events(model: PolyModel, tm: TimeMaps) -> tuple[isl.UnionMap, isl.UnionMap, isl.UnionMap, isl.UnionMap]:
-    """Accesses, schedule and instance of each event ``[S[i] -> t]``."""
+@dataclass(frozen=True)
+class Events:
+    """What the checks order: the executions of statements at their times.
+
+    A statement instance runs at every time its time map gives it (``compute_at`` recomputes halos:
+    one instance, several times), so in general an *event* is a pair ``[S[i] -> t]`` (``inst`` maps
+    events to instances).  When every time map is a function, an event is just its instance: the
+    accesses and the schedule are the model's own (``inst`` is None), and isl's dataflow analysis works
+    on half as many dimensions."""
+
+    reads: isl.UnionMap
+    writes: isl.UnionMap
+    sched: isl.UnionMap
+    inst: isl.UnionMap | None
+    tm: TimeMaps
+
+    def of(self, names: list[str]) -> isl.UnionSet:
+        """The events of the statements ``names``."""
+        if self.inst is None:
+            return _union_set([self.tm.maps[n].domain() for n in names])
+        return _union_set([self.tm.maps[n].wrap() for n in names])
+
+    def instances(self, um: isl.UnionMap) -> isl.UnionMap:
+        """A relation between events as one between statement instances."""
+        return um if self.inst is None else um.apply_domain(self.inst).apply_range(self.inst)
+
+
+def _union_set(sets: list[Any]) -> isl.UnionSet:
+    out = isl.UnionSet.from_set(sets[0])
+    for x in sets[1:]:
+        out = out.union(isl.UnionSet.from_set(x))
+    return out
+
+
+def _events(model: PolyModel, tm: TimeMaps) -> Events:
+    """Accesses, schedule and instance of each event (see :class:`Events`)."""
+    if all(tm.maps[s.name].is_single_valued() for s in model.statements):
+        return Events(model.reads, model.writes, tm.union(), None, tm)
     reads, writes, sched, inst = [], [], [], []
     for s in model.statements:
         m = tm.maps[s.name]
@@ -133,7 +179,7 @@ def _events(model: PolyModel, tm: TimeMaps) -> tuple[isl.UnionMap, isl.UnionMap,
         reads.append(dm.apply_range(s.reads))
         writes.append(dm.apply_range(s.writes))
         sched.append(isl.UnionMap.from_map(m.range_map()))  # [S[i] -> t] -> t
-    return _union(reads), _union(writes), _union(sched), _union(inst)
+    return Events(_union(reads), _union(writes), _union(sched), _union(inst), tm)
 
 
 def _time_names(params: str) -> tuple[str, str]:
@@ -229,8 +275,7 @@ def _conflicts(ev_reads: isl.UnionMap, ev_writes: isl.UnionMap, ev_sched: isl.Un
     return not pairs.intersect(isl.UnionMap.from_map(_carried(d + 1, d, params))).is_empty()
 
 
-def _check_parallel(sched: Any, model: PolyModel, tm: TimeMaps, ev_reads: isl.UnionMap, ev_writes: isl.UnionMap,
-                    ev_sched: isl.UnionMap, ev_inst: isl.UnionMap, flow: isl.UnionFlow, what: str,
+def _check_parallel(sched: Any, model: PolyModel, tm: TimeMaps, ev: Events, what: str,
                     storage: dict[int, LocalStorage] | None = None) -> None:
     loops = []
     for st in sched.stages:
@@ -248,22 +293,21 @@ def _check_parallel(sched: Any, model: PolyModel, tm: TimeMaps, ev_reads: isl.Un
             continue
         private = _private(model, tm, storage or {}, d)
         # the events inside this loop: statements whose time dimension d is this loop
-        inside = _union([isl.UnionMap.from_map(tm.maps[s.name]).wrap().unwrap().wrap()
-                         for s in model.statements if tm.dim_leaf[s.name][d] is leaf])
-        if not _conflicts(ev_reads, ev_writes, ev_sched, inside, private, tm.width, d, model.param_str):
+        inside = ev.of([s.name for s in model.statements if tm.dim_leaf[s.name][d] is leaf])
+        if not _conflicts(ev.reads, ev.writes, ev.sched, inside, private, tm.width, d, model.param_str):
             continue
         # refused: name the dependence (dataflow analysis, only on this path)
         key = sum(1 for ls in (storage or {}).values() if ls.dim >= d)
         if key not in cache:
-            cache[key] = _dependences(ev_reads, ev_writes, ev_sched, private)
+            cache[key] = _dependences(ev.reads, ev.writes, ev.sched, private)
         carried = _carried(tm.width, d, model.param_str)
         for name, dep in cache[key].items():
             dep = dep.intersect_domain(inside).intersect_range(inside)
-            in_time = dep.apply_domain(ev_sched).apply_range(ev_sched)
+            in_time = dep.apply_domain(ev.sched).apply_range(ev.sched)
             hit = in_time.intersect(isl.UnionMap.from_map(carried))
             if not hit.is_empty():
-                pairs = dep.intersect(hit.apply_domain(ev_sched.reverse()).apply_range(ev_sched.reverse()))
-                pairs = pairs.apply_domain(ev_inst).apply_range(ev_inst)  # as statement instances
+                pairs = dep.intersect(hit.apply_domain(ev.sched.reverse()).apply_range(ev.sched.reverse()))
+                pairs = ev.instances(pairs)
                 raise ScheduleError(
                     f"{what}: loop {leaf.name} of {st.name} cannot be {_verb(kind)}"
                     f": it carries a {name} dependence (an iteration touches an element that another iteration "
