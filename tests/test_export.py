@@ -306,3 +306,22 @@ def test_a_shape_decided_by_an_input_value_cannot_be_exported(tmp_path):
                [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     with pytest.raises(cuvil.ShapeError, match="the value of input\\(s\\) 'shape' decides a shape"):
         connx.InferenceSession(m).export_library(tmp_path / "r.so")
+
+
+def test_tensor_names_that_are_not_c_identifiers(tmp_path):
+    """Names that differ only in case, a C keyword, characters C does not allow, a comment end: the
+    header still compiles (with -Werror) and names each tensor as the model does."""
+    gcc = require("gcc", "apt-get install gcc")
+    names = ["in:0", "In:0", "float", "x*/y"]
+    nodes = [helper.make_node("Add", names[:2], [names[2]], name="add"),
+             helper.make_node("Sub", names[:2], [names[3]], name="sub")]
+    m = _model(nodes, [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in names[:2]],
+               [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in names[2:]])
+    connx.InferenceSession(m).export_library(tmp_path / "model.so")
+    h = (tmp_path / "model.h").read_text()
+    assert "int32_t model_run(const float *in_0, const float *In_0_2, float *t_float, float *x__y);" in h
+    assert '#define MODEL_OUTPUT_NAMES {"float", "x*/y"}' in h
+    subprocess.run([gcc, "-Wall", "-Wextra", "-Werror", "-o", "run_model", EXAMPLE, "-I.", "-L.", "-l:model.so",
+                    "-Wl,-rpath,$ORIGIN"], check=True, cwd=tmp_path, capture_output=True, text=True)
+    proc = subprocess.run(["./run_model"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0 and "output x*/y: float32, 2 elements: 0 0 sum 0" in proc.stdout, proc.stdout
