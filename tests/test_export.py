@@ -325,3 +325,16 @@ def test_tensor_names_that_are_not_c_identifiers(tmp_path):
                     "-Wl,-rpath,$ORIGIN"], check=True, cwd=tmp_path, capture_output=True, text=True)
     proc = subprocess.run(["./run_model"], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0 and "output x*/y: float32, 2 elements: 0 0 sum 0" in proc.stdout, proc.stdout
+
+
+def test_a_library_exported_again_is_loaded_afresh(tmp_path):
+    """dlopen hands back the library already loaded under a name; load() sees the file changed."""
+    s = connx.InferenceSession(resnet_block_model(16))
+    path = tmp_path / "again.so"
+    for batch in (1, 2):
+        s.export_library(path, input_shapes={"x": (batch, 3, 16, 16)})
+        m = load(path)
+        assert m.get_inputs()[0].shape == [batch, 3, 16, 16]
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 16, 16)).astype(np.float32)
+        np.testing.assert_allclose(m.run(None, {"x": x})[0], s.run(None, {"x": x})[0], rtol=1e-6, atol=1e-6)
+    assert load(path) is not m and load(path).meta == m.meta

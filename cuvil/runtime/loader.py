@@ -155,12 +155,34 @@ class LoadedModel:
             setter(n)
 
 
+_OPENED: dict[str, tuple[tuple[int, ...], Any]] = {}  # absolute path -> (file identity, library)
+
+
 def _open(path: str) -> Any:
+    """dlopen ``path``; a file rewritten since this process opened it is opened afresh (dlopen would
+    hand back the library already loaded under that name: a model exported again would run stale)."""
     _check_machine(path)
+    full = os.path.abspath(path)
+    st = os.stat(full)
+    ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    seen = _OPENED.get(full)
+    if seen is not None and seen[0] == ident:
+        return seen[1]
     try:
-        return ctypes.CDLL(os.path.abspath(path))
+        if seen is None:
+            lib = ctypes.CDLL(full)
+        else:  # through a copy of another name (removed once loaded: the mapping stays)
+            import shutil
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="cuvil-load-") as tmp:
+                copy = os.path.join(tmp, os.path.basename(full))
+                shutil.copyfile(full, copy)
+                lib = ctypes.CDLL(copy)
     except OSError as exc:
         raise ArgumentError(f"cannot load the library {path!r}: {exc}") from None
+    _OPENED[full] = (ident, lib)
+    return lib
 
 
 def _symbol(lib: Any, symbol: str, path: str) -> Any:
