@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import numpy as np
 import pytest
@@ -84,15 +85,22 @@ def test_database_best_count_resume_and_jsonl(tmp_path) -> None:
             r.ref_time_s = 1e-3
             db.add(r)
         h = [config_hash({"C": {"mr": i}}) for i in (1, 2, 3)]
-        db.set_final("f", "tgt", 1, [(h[0], 2e-3, 2e-3), (h[1], 2.4e-3, 2e-3)], when=1.0)
+        assert db.final_stale("f", "tgt", 1) and db.best("f", "tgt", 1).config == {"C": {"mr": 2}}
+        now = time.time()
+        db.set_final("f", "tgt", 1, [(h[0], 2e-3, 2e-3), (h[1], 2.4e-3, 2e-3)], when=now + 1)
         assert db.best("f", "tgt", 1).config == {"C": {"mr": 1}}  # the untuned one (mr 1) won the round
-        db.set_final("f", "tgt", 1, [(h[0], 2e-3, 2e-3), (h[2], 1.8e-3, 2e-3)], when=2.0)
+        assert not db.final_stale("f", "tgt", 1)
+        db.set_final("f", "tgt", 1, [(h[0], 2e-3, 2e-3), (h[2], 1.8e-3, 2e-3)], when=now + 2)
         best = db.best("f", "tgt", 1)  # the latest round counts
         assert best.config == {"C": {"mr": 3}} and best.final_relative == pytest.approx(0.9)
         db.export_jsonl(tmp_path / "final.jsonl")
+        late = _rec("f", 4, 0.4e-3)  # measured after the round: in-run times decide until the next round
+        late.ref_time_s, late.created = 1e-3, now + 3
+        db.add(late)
+        assert db.final_stale("f", "tgt", 1) and db.best("f", "tgt", 1).config == {"C": {"mr": 4}}
     with Database(":memory:") as db:
         db.import_jsonl(tmp_path / "final.jsonl")
-        assert db.best("f", "tgt", 1).final_round == 2.0
+        assert db.best("f", "tgt", 1).final_round == now + 2
     import sqlite3
 
     old = sqlite3.connect(tmp_path / "old.db")  # a file written before final rounds existed gets the columns
@@ -355,9 +363,12 @@ def test_final_round_decides_and_includes_the_untuned_schedule(tmp_path, faster:
                      0.6e-3, trace_to_json(auto_schedule(args, knobs=special).trace), workload_of(args).names,
                      ref_time_s=1e-3))
     runner = _OptimisticRunner(true, default)
+    first = cuvil.autotune.tune(args, trials=9, db=db, num_threads=1, batch_size=4, builder=_FakeBuilder(args),
+                                runner=runner, progress=False, final_top=0)  # no final round (killed in it, say)
+    assert runner.finals == 0 and first.measured == 8 and first.speedup == pytest.approx(1 / 0.6)
     res = cuvil.autotune.tune(args, trials=9, db=db, num_threads=1, batch_size=4, builder=_FakeBuilder(args),
-                              runner=runner, progress=False, final_top=3)
-    assert runner.finals == 1 and res.measured == 8 and len(res.final) == 4  # the best 3 + the untuned
+                              runner=runner, progress=False, final_top=3)  # the rerun holds the final round
+    assert runner.finals == 1 and res.measured == 0 and len(res.final) == 4  # the best 3 + the untuned
     want = special if faster else default
     assert res.config == want and res.final[0][0] == want
     assert res.speedup == pytest.approx(1.25 if faster else 1.0) and res.best_time_s == true(want)

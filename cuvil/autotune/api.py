@@ -119,11 +119,13 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
     ``search`` is "evolutionary" (model-guided) or "random"; ``inputs`` replaces the random inputs
     (one array per input tensor); ``builder`` / ``runner`` replace the local process-based ones.
 
-    A run that measured anything ends with a final round: the ``final_top`` best records (by their time
-    relative to the untuned schedule during the run) and the untuned schedule itself are timed against
-    each other in ``final_rounds`` interleaved rounds by the same runner, and the winner of that round is
-    the database's best from then on (the untuned schedule when nothing beat it), with the time it had there.
-    In-run times are optimistic for the best of many noisy measurements; the final round is not.
+    A run ends with a final round when anything was measured since the workload's last one: the
+    ``final_top`` best records (by their time relative to the untuned schedule during the run) and the
+    untuned schedule itself are timed against each other in ``final_rounds`` interleaved rounds by the
+    same runner, and the winner of that round is the database's best from then on (the untuned schedule
+    when nothing beat it), with the time it had there.  In-run times are optimistic for the best of many
+    noisy measurements; the final round is not.  ``final_top=0`` skips it (several calls that add trials
+    bit by bit, then one with the default to finish: :func:`cuvil.autotune.models.tune_kernels`).
     """
     from cuvil.runtime.threads import get_num_threads
     from cuvil.target import Target
@@ -147,8 +149,8 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
     database, owned = _open_db(db)
     try:
         done = database.count(wl.key, wl.target, threads)
-        if done >= trials:
-            return _result(database, wl, threads, 0, 0, [], None)
+        if done >= trials and (final_top <= 0 or not database.final_stale(wl.key, wl.target, threads)):
+            return _result(database, wl, threads, 0, 0, [], None)  # (a run killed in its final round goes on)
         if inputs is None:
             inputs = random_inputs(args, seed)
         n_in = sum(1 for s in shapes if s[3])
@@ -167,7 +169,7 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
                 show = _progress(progress)
                 res, kept = _loop(args, wl, threads, trials, done, database, space, strategy, builder, runner,
                                   list(inputs), shapes, tmp, batch_size or 8, show)
-                if res.measured and final_top > 0:
+                if final_top > 0 and database.final_stale(wl.key, wl.target, threads):
                     final = _final_round(wl, threads, database, space, builder, runner, kept, tmp, final_top,
                                          final_rounds, show)
                     res = _result(database, wl, threads, res.measured, res.failed, res.curve, res.untuned_time_s,

@@ -216,7 +216,8 @@ class Database:
         """The fastest correct record (any thread count when ``threads`` is None).
 
         When a tuning run ended with a final round (its best candidates and the untuned schedule timed
-        against each other), the winner of the latest such round.  Otherwise records are compared by their
+        against each other) and nothing was measured after it, the winner of that round.  Otherwise
+        (:meth:`final_stale`) records are compared by their
         time relative to the untuned schedule timed beside them, so a candidate that happened to run while
         the machine was quiet does not win on luck; records without that reference time compare by their
         own time, scaled by the median reference."""
@@ -227,12 +228,21 @@ class Database:
         if not recs:
             return None
         finals = [r for r in recs if r.final_relative is not None]
-        if finals:
-            last = max(r.final_round for r in finals)  # type: ignore[type-var]
+        last = max((r.final_round for r in finals), default=None)  # type: ignore[type-var]
+        if last is not None and last >= max(r.created for r in recs):  # nothing measured since that round
             return min((r for r in finals if r.final_round == last), key=lambda r: r.final_relative)  # type: ignore
         refs = sorted(r.ref_time_s for r in recs if r.ref_time_s)
         mid = refs[len(refs) // 2] if refs else 1.0
         return min(recs, key=lambda r: (r.time_s / r.ref_time_s) if r.ref_time_s else r.time_s / mid)  # type: ignore
+
+    def final_stale(self, workload: str, target: str, threads: int) -> bool:
+        """Whether the workload has two or more correct records and some were measured after its latest final
+        round (or it never had one): then :meth:`best` falls back to in-run times and a final round is due."""
+        where, params = self._where(workload, target, threads)
+        n, newest, last = self.conn.execute(
+            f"SELECT COUNT(*), MAX(created), MAX(final_round) FROM records{where} AND status='ok' "
+            "AND time_s IS NOT NULL", params).fetchone()
+        return int(n) >= 2 and (last is None or newest > last)
 
     def thread_counts(self, workload: str, target: str) -> list[int]:
         """The thread counts with a correct record of the workload for the target."""

@@ -56,7 +56,7 @@ def tune_kernels(kernels: Sequence[tuple[Sequence[Any], int]], trials: int = 64,
         before = state[k]
         want = (before.trials if before is not None else 0) + n
         res = tune(kernels[k][0], target, trials=want, db=db, timeout_s=timeout_s, num_threads=num_threads,
-                   progress=progress, seed=seed + k)
+                   progress=progress, seed=seed + k, final_top=0)  # one final round per kernel, at the end
         budget -= res.measured
         if before is not None and res.untuned_time_s is None:
             res.untuned_time_s = before.untuned_time_s
@@ -80,6 +80,13 @@ def tune_kernels(kernels: Sequence[tuple[Sequence[Any], int]], trials: int = 64,
         if weights[k] <= 0:
             break
         step(k, min(chunk, budget))
+    for k, st in enumerate(state):  # the final round of each kernel (its best candidates against its untuned)
+        if st is not None:
+            res = tune(kernels[k][0], target, trials=st.trials, db=db, timeout_s=timeout_s,
+                       num_threads=num_threads, progress=progress, seed=seed + k)
+            if res.untuned_time_s is None:
+                res.untuned_time_s = st.untuned_time_s
+            state[k] = res
     return [KernelResult(s.workload_key, c, s.trials, s.best_time_s, s.untuned_time_s)
             for (_, c), s in zip(kernels, state) if s is not None]
 
