@@ -31,7 +31,7 @@ def _check(model, feeds, expect_ops):
     g = optimize(import_model(model), dump=lambda name, gr: dumps.append((name, graph_str(gr))))
     assert sorted(n.op_type for n in g.nodes) == sorted(expect_ops), graph_str(g)
     assert [d[0] for d in dumps] == ["remove identities", "fold batch normalization", "common subexpressions",
-                                     "dead nodes"]
+                                     "dead nodes", "depthwise padding"]
     prog = compile_graph(g, {k: v.shape for k, v in feeds.items()}, {}, "llvm")
     got = prog.run(feeds)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -75,3 +75,18 @@ def test_identity_chain_into_a_graph_output():
              helper.make_node("Identity", ["b"], ["y"])]
     model = _model(nodes, [("x", [4, 4])], ["y"], {})
     _check(model, {"x": rng.standard_normal((4, 4)).astype(np.float32)}, ["Relu", "Identity"])
+
+
+def test_padded_depthwise_convs_get_a_pad_node_of_their_own_unless_strided():
+    c = 12
+    inits = {"W": rng.standard_normal((c, 1, 3, 3)), "B": rng.standard_normal(c), "W5": rng.standard_normal((c, 1, 5, 5)),
+             "lo": np.array(0.0), "hi": np.array(6.0)}
+    nodes = [
+        helper.make_node("Conv", ["x", "W", "B"], ["d1"], group=c, pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["d1", "lo", "hi"], ["r1"]),
+        helper.make_node("Conv", ["r1", "W5"], ["d2"], group=c, pads=[2, 1, 2, 3]),  # asymmetric
+        helper.make_node("Conv", ["d2", "W"], ["y"], group=c, pads=[1, 1, 1, 1], strides=[2, 2]),  # keeps its pads
+    ]
+    model = _model(nodes, [("x", [1, c, 9, 11])], ["y"], inits)
+    _check(model, {"x": rng.standard_normal((1, c, 9, 11)).astype(np.float32)},
+           ["Pad", "Conv", "Clip", "Pad", "Conv", "Conv"])

@@ -28,7 +28,18 @@ from typing import Any
 import numpy as np
 
 from cuvil.errors import CuvilError, DTypeError, UnsupportedOpError
-from cuvil.frontend.onnx_ops import Alias, Entry, NodeCtx, Runtime, Shaped, builder_for, t_shape
+from cuvil.frontend.onnx_ops import (
+    Alias,
+    Entry,
+    Fused,
+    NodeCtx,
+    NotFusible,
+    Runtime,
+    Shaped,
+    builder_for,
+    inline_elementwise,
+    t_shape,
+)
 from cuvil.graph import kernel_cache
 from cuvil.graph.ir import Graph, Node, ValueInfo
 
@@ -199,14 +210,17 @@ def _attr_key(v: Any) -> Any:
 def _node_key(ctx: NodeCtx, target: str) -> tuple:
     n = ctx.node
     # shape, dtype and whether the value is known at compile time (builders may branch on that)
+    # (an input computed by an earlier member of a fused kernel: which member, and its kernel shape)
     spec = tuple(None if e is None else (tuple(e.shape), e.dtype, False) if isinstance(e, Runtime) else (
+        "fused", e.member, tuple(e.shape), e.dtype, e.kernel_shape) if isinstance(e, Fused) else (
         tuple(e.shape), e.dtype.name, True) for e in ctx.entries)
     values = tuple((i, _digest(np.asarray(ctx.entries[i]))) for i in sorted(ctx.value_reads))
     attrs = tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items()))
     return (target, n.op_type, ctx.opset, attrs, spec, values, len(n.outputs))
 
 
-def _lower_kernel(ctx: NodeCtx, args: list[Any], target: Any) -> Any:
+def _lower_kernel(what: str, args: list[Any], placeholders: list[Any], target: Any) -> Any:
+    """The loop IR of one kernel (``what`` names its node or fused nodes in errors)."""
     import cuvil
     from cuvil import te
     from cuvil.errors import ScheduleError
@@ -215,12 +229,12 @@ def _lower_kernel(ctx: NodeCtx, args: list[Any], target: Any) -> Any:
         try:
             s = cuvil.auto_schedule(args, target)
         except ScheduleError:
-            s = te.create_schedule([a for a in args if not any(a is p for _, p in ctx.placeholders)])
+            s = te.create_schedule([a for a in args if not any(a is p for p in placeholders)])
         return cuvil.lower(s, args, name="k")
     except CuvilError as exc:
-        raise type(exc)(f"{ctx.node}: {exc}") from None
+        raise type(exc)(f"{what}: {exc}") from None
     except Exception as exc:
-        raise CuvilError(f"{ctx.node}: internal error while compiling its kernel: {type(exc).__name__}: {exc}"
+        raise CuvilError(f"{what}: internal error while compiling its kernel: {type(exc).__name__}: {exc}"
                          ) from exc
 
 
@@ -228,11 +242,13 @@ class CompiledGraph:
     """A graph compiled for fixed input shapes: ``run(feeds) -> {output name: array}``, one native call."""
 
     def __init__(self, slots: list[_Slot], calls: list[tuple[Any, tuple[int, ...]]],
-                 outputs: list[tuple[str, Runtime | np.ndarray]], target: Any):
+                 outputs: list[tuple[str, Runtime | np.ndarray]], target: Any, labels: list[str] | None = None):
         from cuvil.graph.link import KernelCall, LinkedModule
 
         self.slots = slots
         self.outputs = outputs
+        self.target = target
+        self.labels = list(labels) if labels is not None else [f"call {k}" for k in range(len(calls))]
         names: dict[int, str] = {}
         kernels = []
         linked_calls = []
@@ -241,6 +257,8 @@ class CompiledGraph:
                 names[id(func)] = f"k{len(names)}"
                 kernels.append(dataclasses.replace(func, name=names[id(func)]))
             linked_calls.append(KernelCall(names[id(func)], args))
+        self.kernel_calls = linked_calls  # per call: the kernel's name in the module and its slots
+        self.kernel_funcs = kernels
         self.n_kernels = len(kernels)
         self.n_calls = len(linked_calls)
         self.module = LinkedModule(kernels, linked_calls, target) if linked_calls else None
@@ -255,6 +273,32 @@ class CompiledGraph:
         self.memory = plan_memory(lifetimes([((), args) for _, args in calls], self._temp_bytes))
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        arrays = self.buffers(feeds)
+        self.run_buffers(arrays)
+        out = {}
+        for name, e in self.outputs:
+            if isinstance(e, np.ndarray):
+                out[name] = e.copy()
+            else:
+                out[name] = arrays[e.slot][:math.prod(e.shape)].reshape(e.shape)
+        return out
+
+    def profile(self, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> Any:
+        """Each kernel call timed on its own buffers (see :mod:`cuvil.graph.profile`)."""
+        from cuvil.graph.profile import profile
+
+        return profile(self, feeds, repeat)
+
+    def run_buffers(self, arrays: list[np.ndarray]) -> None:
+        """One run of every kernel on ``arrays`` (from :meth:`buffers`)."""
+        if self.module is not None:
+            rc = self.module([a.ctypes.data for a in arrays])
+            if rc:
+                raise CuvilError("the compiled model failed to allocate its temporary memory (status "
+                                 f"{rc})")
+
+    def buffers(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """One array per slot: the feeds, the constants, temporaries in a fresh arena."""
         arrays: list[np.ndarray | None] = [None] * len(self.slots)
         for k, name in self._feeds:
             arrays[k] = _contiguous(feeds[name])
@@ -269,114 +313,176 @@ class CompiledGraph:
                 arrays[k] = arena[off:off + self._temp_bytes[k]].view(s.dtype)
             else:
                 arrays[k] = np.empty(max(s.size, 1), s.dtype)  # returned to the caller
-        if self.module is not None:
-            rc = self.module([a.ctypes.data for a in arrays])  # type: ignore[union-attr]
-            if rc:
-                raise CuvilError("the compiled model failed to allocate its temporary memory (status "
-                                 f"{rc})")
-        out = {}
-        for name, e in self.outputs:
-            if isinstance(e, np.ndarray):
-                out[name] = e.copy()
-            else:
-                out[name] = arrays[e.slot][:math.prod(e.shape)].reshape(e.shape)  # type: ignore[index]
-        return out
+        return arrays  # type: ignore[return-value]
 
 
 def compile_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray],
-                  target: Any = "llvm", progress: Any = None) -> CompiledGraph:
+                  target: Any = "llvm", progress: Any = None, fuse: bool = True) -> CompiledGraph:
     """Compile ``graph`` for inputs of ``shapes`` (fed at run time) and inputs of ``known`` values
-    (specialised on).  Raises ``NeedsValue`` when a builder needs a fed input's value."""
+    (specialised on).  With ``fuse``, each group of :func:`cuvil.graph.fuse.fusion_groups` (a node and
+    the element-wise nodes after it) is one kernel; otherwise each node is.  Raises ``NeedsValue``
+    when a builder needs a fed input's value."""
+    from cuvil.graph.fuse import Group, fusion_groups
     from cuvil.target import Target
+
+    check_supported(graph)
+    c = _GraphCompiler(graph, shapes, known, Target(target))
+    groups = fusion_groups(graph) if fuse else tuple(Group((k,)) for k in range(len(graph.nodes)))
+    done = 0
+    for grp in groups:
+        nodes = [graph.nodes[k] for k in grp.members]
+        if progress is not None:
+            progress(done, len(graph.nodes), nodes[0])
+        if len(nodes) == 1 or not c.group(nodes):
+            for node in nodes:
+                c.node(node)
+        done += len(nodes)
+    return c.finish()
+
+
+def _tensor_and_shape(o: Any) -> tuple[Any, tuple[int, ...] | None]:
+    """A builder's output as (te tensor, the shape the graph sees), or (None, None) when not computed."""
     from cuvil.te.tensor import Tensor
 
-    tgt = Target(target)
-    check_supported(graph)
-    slots: list[_Slot] = []
-    const_slot: dict[int, int] = {}
-    env: dict[str, Entry] = dict(graph.initializers)
-    for v in graph.inputs:
-        if v.name in known:
-            env[v.name] = np.asarray(known[v.name])
-        elif v.name in shapes:
-            slots.append(_Slot("feed", v.dtype or "float32", math.prod(shapes[v.name]), v.name))
-            env[v.name] = Runtime(len(slots) - 1, tuple(shapes[v.name]), v.dtype or "float32", frozenset([v.name]))
-    calls: list[tuple[Any, tuple[int, ...]]] = []
+    if isinstance(o, Shaped):
+        return o.tensor, o.shape
+    if isinstance(o, Tensor):
+        return o, tuple(int(d.value) for d in o.shape)
+    return None, None
 
-    def slot_of(e: Runtime | np.ndarray) -> int:
+
+class _GraphCompiler:
+    """The state of one ``compile_graph``: buffers (slots), the values of the graph's names (env) and
+    the kernel calls, in run order."""
+
+    def __init__(self, graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray],
+                 target: Any):
+        self.graph = graph
+        self.target = target
+        self.slots: list[_Slot] = []
+        self.calls: list[tuple[Any, tuple[int, ...]]] = []
+        self.labels: list[str] = []
+        self._const_slot: dict[int, int] = {}
+        self.env: dict[str, Entry] = dict(graph.initializers)
+        for v in graph.inputs:
+            if v.name in known:
+                self.env[v.name] = np.asarray(known[v.name])
+            elif v.name in shapes:
+                self.slots.append(_Slot("feed", v.dtype or "float32", math.prod(shapes[v.name]), v.name))
+                self.env[v.name] = Runtime(len(self.slots) - 1, tuple(shapes[v.name]), v.dtype or "float32",
+                                           frozenset([v.name]))
+
+    def slot_of(self, e: Runtime | np.ndarray) -> int:
         if isinstance(e, Runtime):
             return e.slot
-        if id(e) not in const_slot:
+        if id(e) not in self._const_slot:
             a = _contiguous(e)
-            slots.append(_Slot("const", a.dtype.name, a.size, array=a))
-            const_slot[id(e)] = len(slots) - 1
-        return const_slot[id(e)]
+            self.slots.append(_Slot("const", a.dtype.name, a.size, array=a))
+            self._const_slot[id(e)] = len(self.slots) - 1
+        return self._const_slot[id(e)]
 
-    for step, node in enumerate(graph.nodes):
-        if progress is not None:
-            progress(step, len(graph.nodes), node)
-        entries = [env[x] if x else None for x in node.inputs]
-        ctx = NodeCtx(node, entries, graph.opset)
-        ctx.target = tgt
-        builder = builder_for(node.op_type, graph.opset)
+    def build(self, node: Node, entries: list[Entry], prefix: str = "") -> tuple[NodeCtx, list]:
+        """Run ``node``'s builder: its context and one output per node output."""
+        ctx = NodeCtx(node, entries, self.graph.opset, prefix)
+        ctx.target = self.target
+        builder = builder_for(node.op_type, self.graph.opset)
         try:
             outs = list(builder(ctx))  # type: ignore[misc]
-        except CuvilError:
+        except (CuvilError, NotFusible):
             raise
         except (IndexError, KeyError, TypeError, ValueError) as exc:
             raise ModelError(f"{node}: malformed inputs or attributes ({type(exc).__name__}: {exc})") from None
-        outs += [None] * (len(node.outputs) - len(outs))
+        return ctx, outs + [None] * (len(node.outputs) - len(outs))
+
+    def node(self, node: Node) -> None:
+        """Compile one node as its own kernel (or fold it, or alias its input)."""
+        entries = [self.env[x] if x else None for x in node.inputs]
+        ctx, outs = self.build(node, entries)
         computed = []  # (output index, kernel tensor, shape the graph sees)
         for k, o in enumerate(outs):
-            t, shape = (o.tensor, o.shape) if isinstance(o, Shaped) else (o, None) if isinstance(o, Tensor) else (
-                None, None)
+            t, shape = _tensor_and_shape(o)
             if t is None:
                 continue
-            shape = shape if shape is not None else tuple(int(d.value) for d in t.shape)
-            if math.prod(shape) == 0:
+            if math.prod(shape) == 0:  # type: ignore[arg-type]
                 outs[k] = np.zeros(shape, t.dtype)
             else:
                 computed.append((k, t, shape))
         if computed:
-            key = _node_key(ctx, tgt.canonical)
-            args = [p for _, p in ctx.placeholders] + [t for _, t, _ in computed]
-            func = _KERNELS.get(key)
-            if func is None:
-                func = kernel_cache.load(key)
-                if func is None:
-                    func = _lower_kernel(ctx, args, tgt)
-                    kernel_cache.store(key, func)
-                _KERNELS[key] = func
-            ins = [ctx.entries[i] for i, _ in ctx.placeholders]
-            if all(isinstance(e, np.ndarray) for e in ins):
-                results = _fold(func, [np.reshape(e, t_shape(p)) for e, (_, p) in zip(ins, ctx.placeholders)],
-                                [(t_shape(t), t.dtype) for _, t, _ in computed], tgt)
-                for (k, _, shape), r in zip(computed, results):
-                    outs[k] = r.reshape(shape)
-            else:
-                origin = frozenset().union(*(e.origin for e in ins if isinstance(e, Runtime)))
-                arg_slots = [slot_of(e) for e in ins]  # type: ignore[arg-type]
-                for k, t, shape in computed:
-                    slots.append(_Slot("temp", t.dtype, math.prod(shape)))
-                    outs[k] = Runtime(len(slots) - 1, shape, t.dtype, origin)
-                    arg_slots.append(len(slots) - 1)
-                calls.append((func, tuple(arg_slots)))
+            results = self.kernel(_node_key(ctx, self.target.canonical), [ctx], [(t, s) for _, t, s in computed],
+                                  f"{node.op_type} {node.name!r}")
+            for (k, _, _), r in zip(computed, results):
+                outs[k] = r
         for name, o in zip(node.outputs, outs):
             if isinstance(o, Alias):
                 src = entries[o.index]
                 o = src.reshape(o.shape) if isinstance(src, np.ndarray) else dataclasses.replace(src, shape=o.shape)
             if name:
-                env[name] = o
-    outputs: list[tuple[str, Runtime | np.ndarray]] = []
-    used: set[int] = set()
-    for v in graph.outputs:
-        e = env[v.name]
-        if isinstance(e, Runtime) and (slots[e.slot].kind != "temp" or e.slot in used):
-            e = _copy(e, slots, calls, tgt)
-        if isinstance(e, Runtime):
-            used.add(e.slot)
-        outputs.append((v.name, e))
-    return CompiledGraph(slots, calls, outputs, tgt)
+                self.env[name] = o
+
+    def group(self, nodes: list[Node]) -> bool:
+        """Compile a fusion group as one kernel: each member's builder reads the te tensors of the
+        members before it.  False (nothing compiled) when a member cannot be fused."""
+        local: dict[str, Fused] = {}
+        ctxs = []
+        try:
+            for m, node in enumerate(nodes):
+                entries = [local[x] if x in local else self.env[x] if x else None for x in node.inputs]
+                ctx, outs = self.build(node, entries, prefix=f"n{m}_")
+                t, shape = _tensor_and_shape(outs[0])
+                if t is None or any(o is not None for o in outs[1:]) or math.prod(shape) == 0:  # type: ignore[arg-type]
+                    return False
+                local[node.outputs[0]] = Fused(t, shape, t.dtype, m)  # type: ignore[arg-type]
+                ctxs.append(ctx)
+        except NotFusible:
+            return False
+        last = local[nodes[-1].outputs[0]]
+        last = dataclasses.replace(last, tensor=inline_elementwise(last.tensor))  # one epilogue stage
+        key = ("fused",) + tuple(_node_key(ctx, self.target.canonical) for ctx in ctxs)
+        label = f"{'+'.join(n.op_type for n in nodes)} {nodes[0].name!r}"
+        [self.env[nodes[-1].outputs[0]]] = self.kernel(key, ctxs, [(last.tensor, last.shape)], label)
+        return True
+
+    def kernel(self, key: tuple, ctxs: list[NodeCtx], outs: list[tuple[Any, tuple[int, ...]]], label: str
+               ) -> list[Runtime | np.ndarray]:
+        """The kernel computing ``outs`` (te tensor, graph shape) from the placeholders of ``ctxs``: called
+        at run time, or run now when every input is known (its outputs become constants)."""
+        placeholders = [(ctx, i, p) for ctx in ctxs for i, p in ctx.placeholders]
+        args = [p for _, _, p in placeholders] + [t for t, _ in outs]
+        func = _KERNELS.get(key)
+        if func is None:
+            func = kernel_cache.load(key)
+            if func is None:
+                func = _lower_kernel(label, args, [p for _, _, p in placeholders], self.target)
+                kernel_cache.store(key, func)
+            _KERNELS[key] = func
+        ins = [ctx.entries[i] for ctx, i, _ in placeholders]
+        if all(isinstance(e, np.ndarray) for e in ins):
+            results = _fold(func, [np.reshape(e, t_shape(p)) for e, (_, _, p) in zip(ins, placeholders)],
+                            [(t_shape(t), t.dtype) for t, _ in outs], self.target)
+            return [r.reshape(shape) for r, (_, shape) in zip(results, outs)]
+        origin = frozenset().union(*(e.origin for e in ins if isinstance(e, Runtime)))
+        arg_slots = [self.slot_of(e) for e in ins]  # type: ignore[arg-type]
+        results: list[Runtime | np.ndarray] = []
+        for t, shape in outs:
+            self.slots.append(_Slot("temp", t.dtype, math.prod(shape)))
+            results.append(Runtime(len(self.slots) - 1, shape, t.dtype, origin))
+            arg_slots.append(len(self.slots) - 1)
+        self.calls.append((func, tuple(arg_slots)))
+        self.labels.append(label)
+        return results
+
+    def finish(self) -> CompiledGraph:
+        outputs: list[tuple[str, Runtime | np.ndarray]] = []
+        used: set[int] = set()
+        for v in self.graph.outputs:
+            e = self.env[v.name]
+            if isinstance(e, Runtime) and (self.slots[e.slot].kind != "temp" or e.slot in used):
+                e = _copy(e, self.slots, self.calls, self.target)
+                self.labels.append(f"copy to output {v.name!r}")
+            if isinstance(e, Runtime):
+                used.add(e.slot)
+            outputs.append((v.name, e))
+        return CompiledGraph(self.slots, self.calls, outputs, self.target, self.labels)
 
 
 def _copy(e: Runtime, slots: list[_Slot], calls: list, target: Any) -> Runtime:

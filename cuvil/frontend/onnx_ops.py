@@ -13,6 +13,7 @@ graph input the session specialises on): Reshape's shape, Slice's starts and the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,9 @@ import numpy as np
 from cuvil import te
 from cuvil.errors import ShapeError, UnsupportedOpError
 from cuvil.graph.ir import Node
-from cuvil.te.tensor import Tensor
+from cuvil.ir.expr import TensorRead
+from cuvil.ir.functor import ExprMutator, substitute
+from cuvil.te.tensor import ComputeOp, Tensor
 
 Builder = Callable[["NodeCtx"], list]
 _REGISTRY: dict[str, list[tuple[int, Builder]]] = {}
@@ -92,6 +95,27 @@ class Alias:
     shape: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class Fused:
+    """An input computed by an earlier node of the same fused kernel (``cuvil.graph.fuse``): its te
+    ``tensor`` (of the kernel's shape, e.g. a 1x1 convolution's ``(m, pixels)``), seen by the graph
+    with ``shape``; ``member`` is the producing node's position in its group."""
+
+    tensor: Tensor
+    shape: tuple[int, ...]
+    dtype: str
+    member: int
+
+    @property
+    def kernel_shape(self) -> tuple[int, ...]:
+        return t_shape(self.tensor)
+
+
+class NotFusible(Exception):
+    """A builder of a fused group needs what fusion cannot give (the value of a fused input, an output
+    that is not computed by a kernel): the group's nodes are compiled one by one instead."""
+
+
 class NeedsValue(Exception):
     """A builder needs the value of a run-time tensor; the session specialises on ``inputs``."""
 
@@ -100,14 +124,15 @@ class NeedsValue(Exception):
         self.inputs = inputs
 
 
-Entry = Runtime | np.ndarray | None
+Entry = Runtime | Fused | np.ndarray | None
 
 
 class NodeCtx:
     """One node's inputs, attributes and opset, as its builder sees them."""
 
-    def __init__(self, node: Node, entries: Sequence[Entry], opset: int):
+    def __init__(self, node: Node, entries: Sequence[Entry], opset: int, prefix: str = ""):
         self.node = node
+        self.prefix = prefix  # of placeholder names: the nodes of one fused kernel each get their own
         self.entries = list(entries)
         self.opset = opset
         self.placeholders: list[tuple[int, Tensor]] = []
@@ -123,7 +148,7 @@ class NodeCtx:
     def has(self, i: int) -> bool:
         return i < len(self.entries) and self.entries[i] is not None
 
-    def _entry(self, i: int) -> Runtime | np.ndarray:
+    def _entry(self, i: int) -> Runtime | Fused | np.ndarray:
         if not self.has(i):
             raise self.error(f"input {i} is required but missing")
         return self.entries[i]  # type: ignore[return-value]
@@ -134,7 +159,7 @@ class NodeCtx:
 
     def dtype(self, i: int) -> str:
         e = self._entry(i)
-        return e.dtype if isinstance(e, Runtime) else e.dtype.name
+        return e.dtype if isinstance(e, (Runtime, Fused)) else e.dtype.name
 
     def known(self, i: int) -> bool:
         return self.has(i) and isinstance(self.entries[i], np.ndarray)
@@ -142,6 +167,8 @@ class NodeCtx:
     def value(self, i: int) -> np.ndarray:
         """The value of input ``i``, which decides shapes: it must be known when compiling."""
         e = self._entry(i)
+        if isinstance(e, Fused):
+            raise NotFusible(f"{self.node}: input {i} decides shapes")
         if isinstance(e, Runtime):
             raise NeedsValue(e.origin, f"{self.node}: input {i} ({self.node.inputs[i]!r}) decides shapes; its "
                                        "value must be a constant or come from graph inputs the session specialises on")
@@ -162,12 +189,14 @@ class NodeCtx:
         e = self._entry(i)
         if int(np.prod(shp)) != int(np.prod(self.shape(i))):
             raise self.error(f"internal error: input {i} of shape {list(self.shape(i))} viewed as {list(shp)}")
-        if isinstance(e, np.ndarray) and e.size == 1 and e.dtype.name != "float16":
+        if isinstance(e, Fused):
+            t = view(e.tensor, shp, f"{self.prefix}view{i}")
+        elif isinstance(e, np.ndarray) and e.size == 1 and e.dtype.name != "float16":
             self.value_reads.add(i)
             v = e.reshape(-1)[0].item()
-            t = te.compute(shp, lambda *_: te.const(v, e.dtype.name), name=f"c{i}")
+            t = te.compute(shp, lambda *_: te.const(v, e.dtype.name), name=f"{self.prefix}c{i}")
         else:
-            t = te.placeholder(shp, dtype=self.dtype(i), name=f"in{i}")
+            t = te.placeholder(shp, dtype=self.dtype(i), name=f"{self.prefix}in{i}")
             self.placeholders.append((i, t))
         self._tensors[(i, shp)] = t
         return t
@@ -179,7 +208,7 @@ class NodeCtx:
         i = len(self.entries) - 1
         if keyed:
             self.value_reads.add(i)
-        t = te.placeholder(array.shape, dtype=array.dtype.name, name=f"in{i}")
+        t = te.placeholder(array.shape, dtype=array.dtype.name, name=f"{self.prefix}in{i}")
         self.placeholders.append((i, t))
         self._tensors[(i, t_shape(t))] = t
         return t
@@ -245,11 +274,113 @@ def coalesce(out: Sequence[int], shapes: Sequence[Sequence[int]]) -> tuple[tuple
 
 def elementwise(ctx: NodeCtx, inputs: Sequence[int], f: Callable[..., Any], name: str = "out") -> Shaped:
     """An element-wise kernel over broadcast inputs: ``out[i] = f(x0[i], x1[i], ...)`` (computed over
-    coalesced dimensions)."""
+    coalesced dimensions; in a fused kernel, over the dimensions of the fused input it reads whole, so
+    that it reads that input at its own indices: an epilogue the auto-scheduler recognises)."""
     shape = broadcast_shapes(ctx, *(ctx.shape(i) for i in inputs))
-    flat, in_shapes = coalesce(shape, [ctx.shape(i) for i in inputs])
+    layout = _fused_layout(ctx, inputs, shape)
+    flat, in_shapes = layout if layout is not None else coalesce(shape, [ctx.shape(i) for i in inputs])
     ts = [ctx.tensor(i, s) for i, s in zip(inputs, in_shapes)]
     return Shaped(te.compute(flat, lambda *idx: f(*(bcast_read(t, flat, idx) for t in ts)), name=name), shape)
+
+
+def _dim_groups(out: Sequence[int], kernel: Sequence[int]) -> list[list[int]] | None:
+    """The dimensions of ``out`` that each dimension of ``kernel`` merges (``kernel`` is ``out`` with
+    runs of adjacent dimensions merged and size-1 dimensions dropped or kept), or None."""
+    big = [d for d, n in enumerate(out) if n != 1]
+    groups: list[list[int]] = []
+    k = 0
+    for n in kernel:
+        g: list[int] = []
+        size = 1
+        while size < n and k < len(big):
+            g.append(big[k])
+            size *= out[big[k]]
+            k += 1
+        if size != n:
+            return None
+        groups.append(g)
+    return groups if k == len(big) else None
+
+
+def _fused_layout(ctx: NodeCtx, inputs: Sequence[int], shape: tuple[int, ...]
+                  ) -> tuple[tuple[int, ...], list[tuple[int, ...]]] | None:
+    """The kernel shape of a fused input read whole (not broadcast) and every input's shape in it
+    (each kernel dimension read whole or broadcast), or None."""
+    for i in inputs:
+        e = ctx.entries[i]
+        if not isinstance(e, Fused) or math.prod(e.shape) != math.prod(shape):
+            continue
+        groups = _dim_groups(shape, e.kernel_shape)
+        if groups is None:
+            continue
+        in_shapes = []
+        for j in inputs:
+            s = ctx.shape(j)
+            s = (1,) * (len(shape) - len(s)) + s
+            dims = []
+            for g in groups:
+                if all(s[d] == 1 for d in g):
+                    dims.append(1)
+                elif all(s[d] == shape[d] for d in g):
+                    dims.append(math.prod(shape[d] for d in g))
+                else:
+                    break
+            if len(dims) != len(groups):
+                break
+            in_shapes.append(tuple(dims))
+        else:
+            return e.kernel_shape, in_shapes
+    return None
+
+
+def view(t: Tensor, shape: Sequence[int], name: str) -> Tensor:
+    """``t`` (dense, row-major) seen with another ``shape`` of the same size: ``t`` itself when the
+    shapes agree, a stage that renumbers size-1 dimensions, or one that flattens and unravels."""
+    src, shp = t_shape(t), tuple(int(d) for d in shape)
+    if src == shp:
+        return t
+    if [n for n in src if n != 1] == [n for n in shp if n != 1]:
+        def body(*i: Any) -> Any:
+            big = iter(x for x, n in zip(i, shp) if n != 1)
+            return t[tuple(0 if n == 1 else next(big) for n in src)]
+
+        return te.compute(shp, body, name=name)
+
+    def flat_body(*i: Any) -> Any:
+        flat: Any = None
+        for x, n in zip(i, shp):
+            flat = x if flat is None else flat * n + x
+        idx = []
+        for n in reversed(src):
+            idx.append(flat % n)
+            flat = flat // n
+        return t[tuple(reversed(idx))]
+
+    return te.compute(shp, flat_body, name=name)
+
+
+class _Inline(ExprMutator):
+    """Reads of element-wise stages replaced by their bodies (reductions and packed copies stay reads)."""
+
+    def visit_TensorRead(self, e: TensorRead) -> Any:
+        idx = tuple(self.visit(x) for x in e.indices)
+        op = e.tensor.op
+        if (isinstance(op, ComputeOp) and not op.reduce_axis and len(op.axis) == len(idx)
+                and all(a is b for a, b in zip(op.store_indices, op.axis))):
+            return self.visit(substitute(op.body, dict(zip(op.axis, idx))))
+        return e if all(a is b for a, b in zip(idx, e.indices)) else TensorRead(e.dtype, e.tensor, idx)
+
+
+def inline_elementwise(t: Tensor) -> Tensor:
+    """``t`` with every element-wise stage it reads substituted into its body: a fused group's result
+    reads its contraction directly (``relu(conv[i] + b[i] + r[i])``), one epilogue stage."""
+    op = t.op
+    if not isinstance(op, ComputeOp) or op.reduce_axis or any(a is not b for a, b in zip(op.store_indices, op.axis)):
+        return t
+    body = _Inline().visit(op.body)
+    if body is op.body:
+        return t
+    return te.compute(t_shape(t), lambda *i: substitute(body, dict(zip(op.axis, i))), name=op.name)
 
 
 def t_shape(t: Tensor) -> tuple[int, ...]:

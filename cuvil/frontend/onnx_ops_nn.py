@@ -106,11 +106,41 @@ def conv(ctx: NodeCtx) -> list:
         return te.sum(X[src] * w_read((m, rc) + tuple(rk)), axis=[rc] + rk)
 
     shape = (xs[0], ws[0]) + tuple(out)
-    y = te.compute(shape, body, name="conv")
+    if cg == 1 and per_group == 1 and math.prod(kernel) <= DEPTHWISE_TAPS and not any(a or b for a, b in padded):
+        y = _depthwise_taps(X, w_read, shape, kernel, strides, dil)
+    else:
+        y = te.compute(shape, body, name="conv")
     if has_bias:
         b = ctx.tensor(2)
         y = te.compute(shape, lambda n, m, *sp: y[(n, m) + sp] + b[m], name="conv_bias")
     return [y]
+
+
+DEPTHWISE_TAPS = 25  # depthwise windows up to 5x5 are written out tap by tap
+
+
+def _depthwise_taps(X: Tensor, w_read: Any, shape: tuple[int, ...], kernel: list[int], strides: list[int],
+                    dil: list[int]) -> Tensor:
+    """A depthwise convolution without padding (one input channel per output channel) as an
+    element-wise stage that sums its window's taps:
+    ``Y[n, m, y, x] = sum_(ky, kx) X[n, m, y*s + ky, x*s + kx] * W[m, 0, ky, kx]``.  With no reduction
+    axis it is vectorised along ``x`` and takes bias and activation into the same loop (as a
+    reduction over the window it got a scalar loop nest and a buffer of its own).  Padding is a node
+    of its own before it (:func:`cuvil.graph.passes.split_depthwise_padding`): inside this loop it
+    would guard every tap."""
+    import itertools
+
+    n_sp = len(kernel)
+
+    def body(n: Any, m: Any, *sp: Any) -> Any:
+        acc = None
+        for taps in itertools.product(*(range(k) for k in kernel)):
+            src = (n, m) + tuple(sp[d] * strides[d] + taps[d] * dil[d] for d in range(n_sp))
+            term = X[src] * w_read((m, 0) + taps)
+            acc = term if acc is None else acc + term
+        return acc
+
+    return te.compute(shape, body, name="conv_dw")
 
 
 def _filter_panels(ctx: NodeCtx, w: np.ndarray) -> Any:
@@ -132,21 +162,34 @@ def _filter_panels(ctx: NodeCtx, w: np.ndarray) -> Any:
     return lambda idx: Wp[(idx[0] // p,) + tuple(idx[1:]) + (idx[0] % p,)]
 
 
+SMALL_IMAGE_PIXELS = 256
+
+
 def _pointwise_conv(ctx: NodeCtx, xs: tuple[int, ...], ws: tuple[int, ...]) -> Shaped:
     """A 1x1 convolution with stride 1 and no padding is a matmul over the flattened pixels:
     ``Y[n, m, p] = sum_c W[m, c] * X[n, c, p]`` (2-D for one image)."""
     n, c, m, p = xs[0], xs[1], ws[0], math.prod(xs[2:])
-    W = ctx.tensor(1, (m, c))
-    b = ctx.tensor(2) if ctx.has(2) else None
+    has_bias = ctx.has(2)  # before compile-time constants are appended to the entries
+    # constant filters on small images (7x7, 14x14: fewer pixels than a few register tiles) are packed
+    # in panels, so the register tile may put filters in vector lanes (MobileNetV2's 960->320 at 7x7:
+    # 2.9x faster than pixels in lanes); on big images pixels stay in lanes (unit-stride output stores)
+    panels = (_filter_panels(ctx, np.asarray(ctx.entries[1]).reshape(m, c))
+              if ctx.known(1) and n * p < SMALL_IMAGE_PIXELS else None)
+    if panels is None:
+        W = ctx.tensor(1, (m, c))
+
+        def panels(idx: tuple[Any, ...]) -> Any:
+            return W[idx]
+    b = ctx.tensor(2) if has_bias else None
     rc = te.reduce_axis((0, c), name="rc")
     if n == 1:
         X = ctx.tensor(0, (c, p))
-        y = te.compute((m, p), lambda f, q: te.sum(W[f, rc] * X[rc, q], axis=rc), name="conv1x1")
+        y = te.compute((m, p), lambda f, q: te.sum(panels((f, rc)) * X[rc, q], axis=rc), name="conv1x1")
         if b is not None:
             y = te.compute((m, p), lambda f, q: y[f, q] + b[f], name="conv_bias")
     else:
         X = ctx.tensor(0, (n, c, p))
-        y = te.compute((n, m, p), lambda i, f, q: te.sum(W[f, rc] * X[i, rc, q], axis=rc), name="conv1x1")
+        y = te.compute((n, m, p), lambda i, f, q: te.sum(panels((f, rc)) * X[i, rc, q], axis=rc), name="conv1x1")
         if b is not None:
             y = te.compute((n, m, p), lambda i, f, q: y[i, f, q] + b[f], name="conv_bias")
     return Shaped(y, (n, m) + xs[2:])
