@@ -251,8 +251,10 @@ class AutoScheduler:
                 if c.pack_dim is None or self._packable(c, self._tile_sizes(c, op.dtype)[1]) is not None]
 
     def choose(self, op: ComputeOp, pick: int | None = None) -> Contraction | None:
-        """The contraction pair of ``op`` to tile: the first unpacked one unless packing an operand gives a
-        tile with clearly more work per load (conv2d on small images: vectorise over the filters);
+        """The contraction pair of ``op`` to tile: the one with most work per load when it needs no copy
+        (an operand already stored in panels: a model's constant filters); otherwise the first unpacked one
+        unless packing an operand gives a tile with clearly more work per load (conv2d on small images:
+        vectorise over the filters);
         ``pick`` (a knob) chooses by position in :meth:`candidates` instead."""
         cands = self.candidates(op)
         if not cands:
@@ -260,6 +262,8 @@ class AutoScheduler:
         if pick is not None:
             return cands[pick % len(cands)]
         best = max(cands, key=lambda c: self._intensity(c, op.dtype))
+        if best.pack_dim is None or best.panel is not None:
+            return best  # no copy to pay for (an operand already in panels: constant filters of a model)
         first = cands[0]
         if first.pack_dim is None and self._intensity(first, op.dtype) * PACK_GAIN >= self._intensity(best, op.dtype):
             return first
