@@ -1,4 +1,12 @@
-"""The ``cuvil`` command line: ``cuvil demo``, ``cuvil info``."""
+"""The ``cuvil`` command line.
+
+    cuvil compile [model.onnx] [-o model.ll] [--dump]   # ONNX -> one native module (cuvil.cli_onnx)
+    cuvil run model.onnx --input x=x.npy [-o out.npz]
+    cuvil bench [model.onnx | zoo name ...] [--threads 1,2]   # whole models beside onnxruntime
+    cuvil bench --ops [--quick] [--only matmul]         # operators beside numpy (cuvil.bench)
+    cuvil tune ...                                       # the autotuner (cuvil.autotune.cli)
+    cuvil demo | info
+"""
 
 from __future__ import annotations
 
@@ -91,11 +99,18 @@ def main(argv: list[str] | None = None) -> int:
     p_demo = sub.add_parser("demo", help="build a matmul and a conv2d+relu, check against numpy, time them")
     p_demo.add_argument("--size", type=int, default=512, help="matmul size (default 512)")
     sub.add_parser("info", help="show the host target")
-    p_bench = sub.add_parser("bench", help="benchmark auto-scheduled operators beside numpy")
-    p_bench.add_argument("--ops", action="store_true", help="the operator table (the default)")
+    p_bench = sub.add_parser("bench", help="benchmark whole models beside onnxruntime (--ops: operators beside "
+                             "numpy)")
+    p_bench.add_argument("models", nargs="*", help="model.onnx files, cuvil.zoo names (resnet18, mobilenet_v2, "
+                         "bert, mlp) or light_<name> (the onnx wheel's light models); default: a set of each")
+    p_bench.add_argument("--models", dest="model_list", default=None, help="comma-separated, like the positionals")
+    p_bench.add_argument("--ops", action="store_true", help="the operator table instead of models")
     p_bench.add_argument("--threads", default="1,2", help="thread counts, e.g. 1,2")
-    p_bench.add_argument("--quick", action="store_true", help="skip the largest shapes")
-    p_bench.add_argument("--only", default=None, help="only the rows whose name contains this text")
+    p_bench.add_argument("--no-cold", action="store_true", help="models: skip the cold/warm compiles in fresh "
+                         "processes")
+    p_bench.add_argument("--rounds", type=int, default=5, help="models: interleaved timing rounds")
+    p_bench.add_argument("--quick", action="store_true", help="--ops: skip the largest shapes")
+    p_bench.add_argument("--only", default=None, help="--ops: only the rows whose name contains this text")
     from cuvil import cli_onnx
 
     cli_onnx.add_parsers(sub)
@@ -118,9 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "info":
         return info()
     if args.cmd == "bench":
-        from cuvil.bench import run
+        threads = [int(x) for x in args.threads.split(",")]
+        if args.ops:
+            from cuvil.bench import run
 
-        return run([int(x) for x in args.threads.split(",")], quick=args.quick, only=args.only)
+            return run(threads, quick=args.quick, only=args.only)
+        from cuvil import bench_model
+
+        models = list(args.models) + [m for m in (args.model_list or "").split(",") if m]
+        return bench_model.run(models, threads, cold=not args.no_cold, rounds=args.rounds)
     parser.print_help()
     return 0
 

@@ -1,7 +1,12 @@
 """``cuvil compile`` and ``cuvil run``: ONNX models from the command line.
 
-    cuvil compile [model.onnx] [-o model.ll]      # compile (default: the onnx wheel's light ResNet-50)
+    cuvil compile [model.onnx] [-o model.ll] [--dump [loops]]   # default: the onnx wheel's light ResNet-50
     cuvil run model.onnx --input x=x.npy [-o out.npz]
+
+``compile`` runs what an InferenceSession runs: import, the graph passes (cuvil.graph.passes), then
+one kernel per group of nodes, linked into one module.  ``--dump`` prints the graph as imported and
+after each pass, then every kernel call of the module (kernel, the nodes it computes, its buffers);
+``--dump loops`` adds each distinct kernel's loop nest.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("model", nargs="?", default=None, help="model.onnx (default: the onnx wheel's light ResNet-50)")
     p.add_argument("-o", "--output", default=None, help="write the module's LLVM IR here (.ll)")
     p.add_argument("--target", default="llvm")
+    p.add_argument("--dump", nargs="?", const="graph", choices=["graph", "loops"], default=None,
+                   help="print the graph after each pass and the kernel calls (loops: and each kernel's loop nest)")
     p = sub.add_parser("run", help="run an ONNX model on .npy inputs")
     p.add_argument("model", help="model.onnx")
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="one per model input")
@@ -53,31 +60,73 @@ class _Progress:
 
 def compile_cmd(args: argparse.Namespace) -> int:
     from cuvil.frontend.onnx import check_supported, compile_graph, import_model
+    from cuvil.graph.passes import graph_str, optimize
 
     path = args.model or default_model()
     print(f"compiling {path}")
     t0 = time.perf_counter()
     graph = import_model(path)
     check_supported(graph)
+    n_imported = len(graph.nodes)
+    dump = None
+    if args.dump:
+        print(f"== imported\n{graph_str(graph)}")
+
+        last = [graph_str(graph)]
+
+        def dump(name: str, g: Any) -> None:
+            text = graph_str(g)
+            print(f"== after {name}" + (" (unchanged)" if text == last[0] else f"\n{text}"))
+            last[0] = text
+
+    graph = optimize(graph, dump=dump)
     shapes = {}
     for v in graph.feeds:
         dims = [d if isinstance(d, int) else 1 for d in (v.shape or [])]
         if v.shape is not None and any(not isinstance(d, int) for d in v.shape):
             print(f"  input {v.name}: symbolic dimensions set to 1 for this compile: {list(v.shape)} -> {dims}")
         shapes[v.name] = tuple(dims)
-    bar = _Progress()
+    bar = _Progress() if not args.dump and sys.stderr.isatty() else None
     try:
         prog = compile_graph(graph, shapes, {}, args.target, progress=bar)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
     dt = time.perf_counter() - t0
-    print(f"{len(graph.nodes)} nodes -> {prog.n_calls} kernel calls ({prog.n_kernels} distinct kernels) in one "
-          f"native module; compiled in {dt:.1f} s")
+    if args.dump:
+        print(dump_calls(prog, loops=args.dump == "loops"))
+    print(f"{n_imported} nodes ({len(graph.nodes)} after the graph passes) -> {prog.n_calls} kernel calls "
+          f"({prog.n_kernels} distinct kernels) in one native module; compiled in {dt:.1f} s")
+    print(f"  {prog.memory}")
     if args.output:
         with open(args.output, "w") as f:
             f.write(prog.module.get_source("llvm") if prog.module is not None else "")
         print(f"wrote {args.output}")
     return 0
+
+
+def _slot_str(prog: Any, k: int) -> str:
+    s = prog.slots[k]
+    what = {"feed": f"input {s.name!r}", "const": "constant", "temp": "temporary"}.get(s.kind, s.kind)
+    return f"%{k}:{s.dtype}[{s.size}] {what}"
+
+
+def dump_calls(prog: Any, loops: bool = False) -> str:
+    """The compiled graph's kernel calls in order (kernel, what it computes, its buffers: slot, dtype,
+    elements, kind), the memory plan's arena offsets of temporaries, and optionally every kernel's loops."""
+    lines = [f"== kernel calls ({prog.n_calls} calls of {prog.n_kernels} kernels)"]
+    offsets = prog.memory.offsets
+    for call, label in zip(prog.kernel_calls, prog.labels):
+        lines.append(f"  {call.kernel}: {label}")
+        for k in call.args:
+            at = f" at arena+{offsets[k]}" if k in offsets else ""
+            lines.append(f"      {_slot_str(prog, k)}{at}")
+    outs = ", ".join(f"{n} = %{e.slot}" if hasattr(e, "slot") else f"{n} = constant" for n, e in prog.outputs)
+    lines.append(f"  outputs: {outs}")
+    if loops:
+        for f in prog.kernel_funcs:
+            lines.append(f"== kernel {f.name}\n{f}")
+    return "\n".join(lines)
 
 
 def run_cmd(args: argparse.Namespace) -> int:

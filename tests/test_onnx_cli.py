@@ -1,6 +1,9 @@
-"""``cuvil compile`` and ``cuvil run`` on a small ONNX model, compared with onnxruntime."""
+"""``cuvil compile`` (with ``--dump``), ``cuvil run`` and ``cuvil bench`` on a small ONNX model, compared
+with onnxruntime."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -15,7 +18,8 @@ from cuvil.cli import main  # noqa: E402
 @pytest.fixture
 def model_path(tmp_path):
     w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3], np.linspace(-1, 1, 12, dtype=np.float32))
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Sigmoid", ["h"], ["y"])]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h0"]), helper.make_node("Identity", ["h0"], ["h"]),
+             helper.make_node("Sigmoid", ["h"], ["y"])]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])], initializer=[w])
     path = tmp_path / "m.onnx"
@@ -27,7 +31,8 @@ def test_compile_writes_llvm_ir(model_path, tmp_path, capsys):
     out = tmp_path / "m.ll"
     assert main(["compile", str(model_path), "-o", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "2 nodes -> 2 kernel calls" in text and "symbolic dimensions set to 1" in text
+    assert re.search(r"3 nodes \(2 after the graph passes\) -> [12] kernel calls", text), text
+    assert "symbolic dimensions set to 1" in text and "memory plan:" in text
     ir = out.read_text()
     assert "define" in ir and "@graph(" in ir and "@graph_set_num_threads(" in ir
 
@@ -44,3 +49,30 @@ def test_run_saves_outputs_matching_onnxruntime(model_path, tmp_path):
 def test_run_reports_a_missing_input(model_path, capsys):
     assert main(["run", str(model_path)]) == 1
     assert "missing input(s) 'x'" in capsys.readouterr().err
+
+
+def test_compile_dump_shows_each_pass_and_the_calls(model_path, capsys):
+    assert main(["compile", str(model_path), "--dump"]) == 0
+    text = capsys.readouterr().out
+    imported, after = text.split("== after remove identities")
+    assert "h = Identity(h0)" in imported and "Identity" not in after.split("== after")[0]
+    assert "== after dead nodes" in text and "(unchanged)" in text
+    calls = text.split("== kernel calls")[1]
+    assert re.search(r"k0: \S*MatMul", calls) and "input 'x'" in calls and "constant" in calls
+    assert "outputs: y = %" in calls and "func k0(" not in text
+    assert main(["compile", str(model_path), "--dump", "loops"]) == 0
+    assert "== kernel k0\nfunc k0(" in capsys.readouterr().out
+
+
+def test_bench_a_model_beside_onnxruntime(model_path, capsys):
+    assert main(["bench", str(model_path), "--threads", "1", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("m "))
+    cold, warm, here = re.findall(r"(\d+\.\d)s", row)[:3]
+    assert float(cold) > 0 and float(warm) > 0 and float(here) >= 0
+    assert re.search(r"\d+\.\d+ms +\d+\.\d+ms +\d+\.\d+ +ok", row), row
+
+
+def test_bench_reports_an_unknown_model(capsys):
+    assert main(["bench", "no_such_model", "--threads", "1", "--no-cold"]) == 1
+    assert "no_such_model" in capsys.readouterr().out

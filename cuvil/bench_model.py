@@ -1,0 +1,299 @@
+"""``cuvil bench [model.onnx ...]``: whole models beside onnxruntime.
+
+For each model it prints
+
+- the compile time with a cold kernel cache and again with that cache warm (each in a fresh Python
+  process, so neither reuses the other's in-memory kernels; the cache is a temporary directory),
+- the static memory plan: the arena the intermediate buffers share against the sum of all of them
+  (what one allocation per buffer would take),
+- at each thread count, the median latency of cuvil and of onnxruntime in this process, both limited
+  to that many threads (cuvil: ``cuvil.set_num_threads``; onnxruntime: ``intra_op_num_threads``,
+  one inter-op thread), timed in interleaved rounds, and the ratio onnxruntime / cuvil (> 1: cuvil
+  is faster),
+- whether the outputs agree (rtol 1e-3, atol 1e-4 of the output's magnitude).
+
+With no model it runs the onnx wheel's light models that compile in reasonable time (:data:`LIGHT`)
+and ResNet-18, MobileNetV2, the BERT-style encoder and the MLP of :mod:`cuvil.zoo`::
+
+    cuvil bench                              # the default set
+    cuvil bench model.onnx --threads 1,2     # one model
+    cuvil bench --models resnet18,light_squeezenet --no-cold
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+LIGHT = ("bvlc_alexnet", "zfnet512", "squeezenet", "shufflenet", "resnet50", "vgg19")  # minutes, not tens of
+ALL_LIGHT = LIGHT + ("densenet121", "inception_v1", "inception_v2")
+
+
+@dataclass
+class ModelResult:
+    """What ``cuvil bench`` measured for one model."""
+
+    name: str
+    nodes: int = 0
+    calls: int = 0
+    kernels: int = 0
+    compile_cold_s: float | None = None
+    compile_warm_s: float | None = None
+    compile_here_s: float = 0.0  # in this process (with the warm cache unless --no-cold)
+    arena_bytes: int = 0
+    total_bytes: int = 0
+    latency: dict[int, tuple[float, float]] = field(default_factory=dict)  # threads -> (cuvil s, ort s)
+    max_err: float = 0.0
+    ok: bool = True
+    error: str = ""
+
+
+# -- models and inputs ----------------------------------------------------------------------------
+
+
+def light_path(name: str) -> str:
+    """The path of the onnx wheel's light model ``name`` (e.g. ``resnet50``)."""
+    import onnx
+
+    return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light", f"light_{name}.onnx")
+
+
+def default_models() -> list[str]:
+    """The model names ``cuvil bench`` runs without arguments."""
+    from cuvil.zoo import MODELS
+
+    return [f"light_{n}" for n in LIGHT] + list(MODELS)
+
+
+def _feeds_for(model: Any, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Inputs for a model's graph inputs: standard normal floats, zeros for integers, symbolic dims 1."""
+    from onnx import helper
+
+    inits = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for v in model.graph.input:
+        if v.name in inits:
+            continue
+        t = v.type.tensor_type
+        shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in t.shape.dim)
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type))
+        feeds[v.name] = (rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else np.zeros(shape, dtype))
+    return feeds
+
+
+def resolve(name: str, workdir: str) -> tuple[str, str, dict[str, np.ndarray]]:
+    """(display name, path of the .onnx file, inputs) for a zoo name, ``light_<name>`` or a path."""
+    import onnx
+
+    from cuvil.errors import ArgumentError
+    from cuvil.zoo import MODELS
+
+    rng = np.random.default_rng(0)
+    if name in MODELS:
+        m = MODELS[name]
+        path = os.path.join(workdir, f"{name}.onnx")
+        onnx.save(m.build(), path)
+        return name, path, m.feeds(rng)
+    if name.startswith("light_") and not os.path.exists(name):
+        path = light_path(name[len("light_"):])
+        if not os.path.exists(path):
+            raise ArgumentError(f"no light model {name!r} in the onnx wheel; there are: "
+                                f"{', '.join('light_' + n for n in ALL_LIGHT)}")
+    else:
+        path = name
+        if not os.path.exists(path):
+            raise ArgumentError(f"{name!r} is neither a model file nor one of the models cuvil bench knows: "
+                                f"{', '.join(default_models())}")
+    model = onnx.load(path, load_external_data=False)
+    return os.path.splitext(os.path.basename(name))[0], path, _feeds_for(model, rng)
+
+
+# -- compiling ------------------------------------------------------------------------------------
+
+
+def compile_model(path: str, feeds: dict[str, np.ndarray], target: str = "llvm") -> Any:
+    """The model at ``path`` compiled as an InferenceSession compiles it (graph passes, then one kernel
+    per node group) for the shapes of ``feeds``; specialised on the values of inputs that decide a shape."""
+    from cuvil.frontend.onnx import check_supported, compile_graph, import_model
+    from cuvil.frontend.onnx_ops import NeedsValue
+    from cuvil.graph.passes import optimize
+
+    graph = import_model(path)
+    check_supported(graph)
+    graph = optimize(graph)
+    known: dict[str, np.ndarray] = {}
+    while True:
+        shapes = {n: a.shape for n, a in feeds.items() if n not in known}
+        try:
+            return graph, compile_graph(graph, shapes, known, target)
+        except NeedsValue as nv:
+            more = set(nv.inputs) - set(known)
+            if not more:
+                raise
+            known.update({n: feeds[n] for n in more})
+
+
+def _child() -> None:
+    """In a fresh process: compile ``argv[1]`` for the inputs in ``argv[2]`` (.npz), print the seconds."""
+    path, npz = sys.argv[1], sys.argv[2]
+    with np.load(npz) as z:
+        feeds = {k: z[k] for k in z.files}
+    t0 = time.perf_counter()
+    compile_model(path, feeds)
+    print("CUVIL_BENCH " + json.dumps({"compile_s": time.perf_counter() - t0}))
+
+
+def _compile_in_child(path: str, npz: str, cache: str) -> float:
+    env = dict(os.environ, CUVIL_CACHE_DIR=cache)
+    code = "from cuvil.bench_model import _child; _child()"
+    proc = subprocess.run([sys.executable, "-c", code, path, npz], env=env, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("CUVIL_BENCH "):
+            return float(json.loads(line[len("CUVIL_BENCH "):])["compile_s"])
+    from cuvil.errors import CuvilError
+
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+    raise CuvilError(f"compiling {path} in a child process failed: {tail[0]}")
+
+
+# -- timing ---------------------------------------------------------------------------------------
+
+
+def _ort_session(path: str, threads: int) -> Any:
+    import onnxruntime as ort  # type: ignore[import-not-found]
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+
+def _compare(ours: dict[str, np.ndarray], ref: list[np.ndarray], names: list[str]) -> tuple[bool, float]:
+    ok, worst = True, 0.0
+    for n, r in zip(names, ref):
+        y = ours[n]
+        if y.shape != r.shape:
+            return False, math.inf
+        scale = float(np.max(np.abs(r))) if r.size else 0.0
+        if r.dtype.kind == "f":
+            err = float(np.max(np.abs(y.astype(np.float64) - r))) if r.size else 0.0
+            worst = max(worst, err / scale if scale else err)
+            ok &= bool(np.allclose(y, r, rtol=1e-3, atol=1e-4 * max(scale, 1.0)))
+        else:
+            ok &= bool(np.array_equal(y, r))
+    return ok, worst
+
+
+def bench_one(name: str, threads: list[int], cold: bool = True, rounds: int = 5, budget_s: float = 0.3
+              ) -> ModelResult:
+    """Measure one model (see the module docstring)."""
+    import cuvil
+    from cuvil.bench import median_time
+
+    res = ModelResult(name)
+    with tempfile.TemporaryDirectory(prefix="cuvil-bench-") as work:
+        res.name, path, feeds = resolve(name, work)
+        if cold:
+            npz = os.path.join(work, "feeds.npz")
+            np.savez(npz, **feeds)
+            cache = os.path.join(work, "kernels")
+            res.compile_cold_s = _compile_in_child(path, npz, cache)
+            res.compile_warm_s = _compile_in_child(path, npz, cache)
+            os.environ["CUVIL_CACHE_DIR"], saved = cache, os.environ.get("CUVIL_CACHE_DIR")
+        t0 = time.perf_counter()
+        try:
+            graph, prog = compile_model(path, feeds)
+        finally:
+            if cold:
+                if saved is None:
+                    del os.environ["CUVIL_CACHE_DIR"]
+                else:
+                    os.environ["CUVIL_CACHE_DIR"] = saved
+        res.compile_here_s = time.perf_counter() - t0
+        res.nodes, res.calls, res.kernels = len(graph.nodes), prog.n_calls, prog.n_kernels
+        res.arena_bytes, res.total_bytes = prog.memory.arena_bytes, prog.memory.total_bytes
+        names = [v.name for v in graph.outputs]
+        run_feeds = {n: a for n, a in feeds.items() if n in {v.name for v in graph.feeds}}
+        for t in threads:
+            ort_sess = _ort_session(path, t)
+            cuvil.set_num_threads(t)
+            try:
+                ref = ort_sess.run(names, feeds)
+                ok, err = _compare(prog.run(run_feeds), ref, names)
+                res.ok &= ok
+                res.max_err = max(res.max_err, err)
+                ours, theirs = [], []
+                for r in range(rounds):  # interleaved, each round starting with the other one
+                    pair = [lambda: prog.run(run_feeds), lambda s=ort_sess: s.run(names, feeds)]
+                    for k in ((0, 1) if r % 2 == 0 else (1, 0)):
+                        (ours if k == 0 else theirs).append(median_time(pair[k], repeat=3, budget_s=budget_s))
+                res.latency[t] = (float(np.median(ours)), float(np.median(theirs)))
+            finally:
+                cuvil.set_num_threads(None)
+    return res
+
+
+# -- the table ------------------------------------------------------------------------------------
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2 ** 20:.1f}"
+
+
+def _fmt_s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}s"
+
+
+def header(threads: list[int]) -> str:
+    cols = "".join(f"{f'{t}T cuvil':>11}{'ort':>9}{'ratio':>7}" for t in threads)
+    return (f"{'model':<20}{'nodes->calls(kernels)':>22}{'cold':>8}{'warm':>7}{'here':>7}"
+            f"{'arena/sum MiB':>15}{cols}  check")
+
+
+def row(r: ModelResult, threads: list[int]) -> str:
+    if r.error:
+        return f"{r.name:<20}  {r.error}"
+    cols = ""
+    for t in threads:
+        ours, theirs = r.latency.get(t, (math.nan, math.nan))
+        cols += f"{ours * 1e3:>9.2f}ms{theirs * 1e3:>7.2f}ms{theirs / ours:>7.2f}"
+    shape = f"{r.nodes}->{r.calls}({r.kernels})"
+    check = f"ok ({r.max_err:.1e})" if r.ok else f"MISMATCH ({r.max_err:.1e})"
+    return (f"{r.name:<20}{shape:>22}{_fmt_s(r.compile_cold_s):>8}{_fmt_s(r.compile_warm_s):>7}"
+            f"{_fmt_s(r.compile_here_s):>7}{_mib(r.arena_bytes) + '/' + _mib(r.total_bytes):>15}{cols}  {check}")
+
+
+def run(models: list[str], threads: list[int], cold: bool = True, rounds: int = 5) -> int:
+    """Benchmark ``models`` (default: :func:`default_models`) and print one row each; 1 if any failed."""
+    import cuvil
+    from cuvil.errors import CuvilError
+
+    try:
+        import onnxruntime  # noqa: F401  # type: ignore[import-not-found]
+    except ImportError:
+        print("cuvil bench needs onnxruntime (pip install onnxruntime)", file=sys.stderr)
+        return 1
+    models = models or default_models()
+    tgt = cuvil.Target("llvm")
+    print(f"cuvil {cuvil.__version__} on {tgt.triple} {tgt.cpu}; compile: cold and warm kernel cache (fresh "
+          "processes), here (this process); latency: medians of interleaved rounds; ratio = ort / cuvil")
+    print(header(threads), flush=True)
+    failed = False
+    for name in models:
+        try:
+            r = bench_one(name, threads, cold=cold, rounds=rounds)
+        except (CuvilError, OSError, ValueError) as exc:
+            r = ModelResult(name, error=f"{type(exc).__name__}: {exc}")
+        failed |= bool(r.error) or not r.ok
+        print(row(r, threads), flush=True)
+    return 1 if failed else 0
