@@ -387,3 +387,6 @@ def test_final_round_decides_and_includes_the_untuned_schedule(tmp_path, faster:
     again = cuvil.autotune.tune(args, trials=9, db=db, num_threads=1, builder=_FakeBuilder(args), runner=runner,
                                 progress=False)
     assert again.measured == 0 and runner.finals == 1 and again.config == want  # a rerun measures nothing
+    more = cuvil.autotune.tune(args, trials=10, db=db, num_threads=1, builder=_FakeBuilder(args), runner=runner,
+                               progress=False, final_top=0)  # a trial after the round: in-run times decide again
+    assert more.measured == 1 and more.final == [] and more.speedup == pytest.approx(1 / 0.6)

@@ -322,7 +322,7 @@ def _result(db: Database, wl: Workload, threads: int, measured: int, failed: int
     if best is None:
         return TuneResult(None, None, "[]", {}, wl.key, wl.target, threads, measured, total, failed, untuned, curve)
     t, rel = best.time_s, best.relative
-    if best.final_relative is not None:  # the final round's time of the winner
+    if best.final_relative is not None and not db.final_stale(wl.key, wl.target, threads):  # the round's winner
         t, rel, untuned = best.final_time_s, best.final_relative, best.final_ref_s
     gf = wl.flops / t / 1e9 if wl.flops and t else None
     return TuneResult(t, gf, best.trace, best.config, wl.key, wl.target, threads, measured, total, failed, untuned,
