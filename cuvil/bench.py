@@ -3,7 +3,8 @@
 Each row builds one operator with ``auto_schedule`` (no tuning), checks it
 against the reference, and prints the median time, GFLOP/s (or GB/s for
 memory-bound operators), the compile time and the ratio reference / cuvil
-(> 1: cuvil is faster) at each thread count.  numpy is pinned to the same
+(> 1: cuvil is faster) at each thread count, and the share of the machine's
+measured fp32 peak (:func:`peak_flops`).  numpy is pinned to the same
 thread count with threadpoolctl when it is installed.
 
 Convolution filters are constants of the layer, as in an inference model: both
@@ -164,6 +165,37 @@ def workloads(quick: bool = False) -> list[Workload]:
     return rows
 
 
+def peak_flops(threads: int, k: int = 1 << 16) -> float:
+    """The machine's measured fp32 peak at ``threads`` threads, in FLOP/s: a cuvil kernel whose inner
+    loop is only independent FMAs on registers (per thread, 12 accumulator vectors x one broadcast)::
+
+        parallel for (b < threads) for (r < k) for (a < 12, unrolled) Y.local[a, 0:V] += X[b, a, 0:V] * W[r]
+    """
+    from cuvil import target, te
+
+    lanes = max(4, target.Target("llvm").vector_bits // 32)
+    X = te.placeholder((threads, 12, lanes), name="X")
+    W = te.placeholder((k,), name="W")
+    r = te.reduce_axis((0, k), name="r")
+    Y = te.compute((threads, 12, lanes), lambda b, a, v: te.sum(X[b, a, v] * W[r], axis=r), name="Y")
+    s = te.create_schedule([Y])
+    sy, sl = s[Y], s[s.cache_write(Y, "local")]
+    sy.parallel(sy.op.axis[0])
+    sl.compute_at(sy, sy.op.axis[0])
+    lb, la, lv = sl.op.axis
+    sl.reorder(lb, sl.op.reduce_axis[0], la, lv)
+    sl.unroll(la)
+    sl.vectorize(lv)
+    import cuvil
+
+    mod = cuvil.build(s, [X, W, Y])
+    x = np.ones((threads, 12, lanes), np.float32)
+    w = np.full(k, 0.5, np.float32)
+    y = np.empty_like(x)
+    with _threads(threads):
+        return 2.0 * x.size * k / min(median_time(lambda: mod(x, w, y)) for _ in range(3))
+
+
 @contextlib.contextmanager
 def _threads(n: int) -> Iterator[None]:
     import cuvil
@@ -222,7 +254,10 @@ def run(threads: list[int], quick: bool = False, repeat: int = 5, only: str | No
         pinned = "numpy NOT pinned (pip install threadpoolctl)"
     print(f"cuvil {cuvil.__version__}, auto_schedule, no tuning; {pinned}; ratio = reference time / cuvil time"
           + ("" if have_ort else "; onnxruntime not installed (pip install -e '.[bench]')"))
-    print(f"{'operator':<34}{'compile':>9}{'thr':>4}{'cuvil ms':>10}{'rate':>14}{'numpy ms':>10}{'ratio':>7}"
+    peaks = {th: peak_flops(th) for th in threads}
+    print("measured fp32 peak (a cuvil kernel of independent FMAs): "
+          + ", ".join(f"{p / 1e9:.0f} GFLOP/s at {th} thread{'s' if th > 1 else ''}" for th, p in peaks.items()))
+    print(f"{'operator':<34}{'compile':>9}{'thr':>4}{'cuvil ms':>10}{'rate':>14}{'peak':>6}{'numpy ms':>10}{'ratio':>7}"
           f"{'ort ms':>9}{'ratio':>7}")
     ok = True
     for w in workloads(quick):
@@ -268,7 +303,8 @@ def run(threads: list[int], quick: bool = False, repeat: int = 5, only: str | No
                     print(f"{w.name}: cuvil and onnxruntime disagree")
                 t_o = median_time(lambda s_=sess, f_=feeds: s_.run(None, f_), repeat)
             rate = f"{w.flops / t_c / 1e9:8.1f} GFLOP/s" if w.flops else f"{w.nbytes / t_c / 1e9:8.1f} GB/s  "
+            share = f"{w.flops / t_c / peaks[th]:>6.0%}" if w.flops else f"{'-':>6}"
             ref_s = f"{t_n * 1e3:>10.2f}{t_n / t_c:>7.2f}" if t_n is not None else f"{'-':>10}{'-':>7}"
             ort_s = f"{t_o * 1e3:>9.2f}{t_o / t_c:>7.2f}" if t_o is not None else f"{'-':>9}{'-':>7}"
-            print(f"{w.name:<34}{compile_s:>8.2f}s{th:>4}{t_c * 1e3:>10.2f}{rate:>14}{ref_s}{ort_s}")
+            print(f"{w.name:<34}{compile_s:>8.2f}s{th:>4}{t_c * 1e3:>10.2f}{rate:>14}{share}{ref_s}{ort_s}")
     return 0 if ok else 1
