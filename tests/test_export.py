@@ -338,3 +338,37 @@ def test_a_library_exported_again_is_loaded_afresh(tmp_path):
         x = np.random.default_rng(batch).standard_normal((batch, 3, 16, 16)).astype(np.float32)
         np.testing.assert_allclose(m.run(None, {"x": x})[0], s.run(None, {"x": x})[0], rtol=1e-6, atol=1e-6)
     assert load(path) is not m and load(path).meta == m.meta
+
+
+def test_warm_cache_skips_llvm_and_exports_the_same_code(tmp_path):
+    """A second process with the same kernels loads the linked module's machine code (no emission, no
+    O3) and exports from its cached bitcode: the two libraries compute bit-identical outputs."""
+    script = textwrap.dedent("""
+        import sys
+        import numpy as np
+        import cuvil.onnx
+        from cuvil.codegen import llvm as cg
+        from cuvil.zoo import mlp
+        runs = []
+        real = cg.optimize
+        cg.optimize = lambda text, *a, **k: runs.append(len(text)) or real(text, *a, **k)
+        s = cuvil.onnx.InferenceSession(mlp(8, (64, 128, 10)))
+        x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+        y = s.run(None, {"x": x})[0]
+        s.export_library(sys.argv[1])
+        np.save(sys.argv[1] + ".npy", y)
+        print(len(runs))
+    """)
+    env = {**os.environ, "PYTHONPATH": ROOT, "CUVIL_CACHE_DIR": str(tmp_path / "cache")}
+    counts = []
+    for name in ("cold.so", "warm.so"):
+        proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / name)], capture_output=True, text=True,
+                              env=env)
+        assert proc.returncode == 0, proc.stderr
+        counts.append(int(proc.stdout.split()[-1]))
+    assert counts == [2, 1]  # cold: the graph's module and the C API; warm: the C API only
+    np.testing.assert_array_equal(np.load(tmp_path / "cold.so.npy"), np.load(tmp_path / "warm.so.npy"))
+    x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    cold, warm = (load(tmp_path / n).run(None, {"x": x})[0] for n in ("cold.so", "warm.so"))
+    np.testing.assert_array_equal(cold, warm)
+    np.testing.assert_array_equal(cold, np.load(tmp_path / "cold.so.npy"))

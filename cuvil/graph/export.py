@@ -320,13 +320,11 @@ def _blob_object(cc: str, tmp: str, symbol: str, layout: Layout) -> str:
 def _linked_module(prog: Any, target: Any) -> Any:
     """The graph's kernels and slot-table entry as an LLVM module, already optimised: the session's own
     (its kernels are not emitted or optimised a second time), or an empty entry for a graph with no call."""
-    import llvmlite.binding as llvm
-
     from cuvil.codegen import llvm as cg
     from cuvil.graph.link import link_ir
 
     if prog.module is not None:
-        return llvm.parse_assembly(prog.module.get_source("llvm"))
+        return prog.module.optimized()[0].clone()  # a copy: the API is linked into it
     return cg.optimize(link_ir([], [], target), target, reloc="pic")
 
 

@@ -111,7 +111,7 @@ class LinkedModule:
                  entry: str = "graph"):
         import llvmlite.binding as llvm
 
-        from cuvil.codegen import llvm as cg
+        from cuvil.graph import kernel_cache
         from cuvil.runtime import threads
         from cuvil.target import Target
 
@@ -120,25 +120,65 @@ class LinkedModule:
         self.kernels = tuple(kernels)
         self.calls = tuple(calls)
         self.n_slots = 1 + max((s for c in calls for s in c.args), default=-1)
-        self._ir_unopt = link_ir(self.kernels, self.calls, self.target, entry)
-        self._llmod = cg.optimize(self._ir_unopt, self.target)
-        self._ir_opt = str(self._llmod)
         self.session_threads: int | None = None
+        # the same kernels and calls compiled before (kernel_cache): their machine code skips LLVM
+        # altogether, their optimised bitcode skips emission and O3 for get_source and export
+        self._key = kernel_cache.module_key(self.kernels, self.calls, self.target, entry)
+        self._unopt: str | None = None
+        self._opt: tuple[Any, str] | None = None  # the O3 module and its IR text, built on first use
         if not self.target.is_host:  # compiled for another machine: export it (cuvil.graph.export), run it there
             self._engine = None
             self._fn = self._not_here
             return
-        if '@"GOMP_parallel"' in self._ir_unopt or "@GOMP_parallel" in self._ir_unopt:
-            threads.load_libgomp()
-        mod = llvm.parse_assembly(self._ir_opt)
+        obj = kernel_cache.load_object(self._key)
         tm = llvm.Target.from_triple(self.target.triple).create_target_machine(
             cpu=self.target.cpu, features=self.target.features, opt=3, codemodel="jitdefault")
-        self._engine = llvm.create_mcjit_compiler(mod, tm)
+        if obj is None:
+            ir_opt = self.optimized()[1]
+            self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(ir_opt), tm)
+            key = self._key
+            self._engine.set_object_cache(notify_func=lambda _mod, data: kernel_cache.store_object(key, data))
+            uses_gomp = "GOMP_parallel" in ir_opt
+        else:
+            empty = llvm.parse_assembly(f'target triple = "{self.target.triple}"')
+            self._engine = llvm.create_mcjit_compiler(empty, tm)
+            self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+            uses_gomp = b"GOMP_parallel" in obj  # an undefined symbol of the object file
+        if uses_gomp:
+            threads.load_libgomp()
         self._engine.finalize_object()
         self._fn = ENTRY(self._engine.get_function_address(entry))
         self._setter = threads.SETTER(self._engine.get_function_address(f"{entry}_set_num_threads"))
         threads.register(self, self._setter)
         self._set_threads(threads.get_num_threads())
+
+    def unoptimized(self) -> str:
+        """The LLVM IR text of the kernels and the entry point before optimisation."""
+        if self._unopt is None:
+            self._unopt = link_ir(self.kernels, self.calls, self.target, self.entry)
+        return self._unopt
+
+    def optimized(self) -> tuple[Any, str]:
+        """The O3-optimised module (llvmlite ModuleRef) and its IR text: from the cached bitcode of
+        an earlier compile of the same kernels and calls, else emitted and optimised now (and cached)."""
+        if self._opt is None:
+            import llvmlite.binding as llvm
+
+            from cuvil.codegen import llvm as cg
+            from cuvil.graph import kernel_cache
+
+            bitcode = kernel_cache.load_object(f"{self._key}.bc")
+            mod = None
+            if bitcode is not None:
+                try:
+                    mod = llvm.parse_bitcode(bitcode)
+                except RuntimeError:  # a damaged entry is a miss
+                    mod = None
+            if mod is None:
+                mod = cg.optimize(self.unoptimized(), self.target)
+                kernel_cache.store_object(f"{self._key}.bc", mod.as_bitcode())
+            self._opt = (mod, str(mod))
+        return self._opt
 
     def _not_here(self, *_args: Any) -> int:
         from cuvil.errors import TargetError
@@ -163,11 +203,11 @@ class LinkedModule:
         if fmt == "loops":
             return "\n\n".join(str(k) for k in self.kernels)
         if fmt == "llvm":
-            return self._ir_opt
+            return self.optimized()[1]
         if fmt == "llvm-unopt":
-            return self._ir_unopt
+            return self.unoptimized()
         if fmt == "asm":
-            return cg.assembly(self._llmod, self.target)
+            return cg.assembly(self.optimized()[0], self.target)
         from cuvil.errors import ArgumentError
 
         raise ArgumentError(f"unknown source format {fmt!r}; use 'loops', 'llvm', 'llvm-unopt' or 'asm'")
