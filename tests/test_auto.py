@@ -289,3 +289,26 @@ def test_default_knobs_are_the_untuned_choices():
         space = knob_space(args)
         assert set(kn) == set(space) and all(set(kn[s]) == set(space[s]) for s in kn)
         assert [str(x) for x in auto_schedule(args, knobs=kn).trace] == [str(x) for x in auto_schedule(args).trace]
+
+
+@pytest.mark.parametrize("shape,perm,dtype", [((300, 257), (1, 0), "float32"), ((3, 40, 70), (0, 2, 1), "float32"),
+                                              ((33, 20, 18), (2, 1, 0), "float64"), ((90, 130), (1, 0), "int8"),
+                                              ((4, 50, 3, 40), (0, 3, 2, 1), "float32")])
+def test_transposing_copies_run_in_square_blocks(shape, perm, dtype):
+    A = te.placeholder(shape, name="A", dtype=dtype)
+    out_shape = tuple(shape[p] for p in perm)
+
+    def body(*i):
+        src = [None] * len(shape)
+        for k, p in enumerate(perm):
+            src[p] = i[k]
+        return A[tuple(src)]
+
+    B = te.compute(out_shape, body, name="B")
+    s = auto_schedule([A, B])
+    # blocks of a cache line's rows: the read's unit-stride axis and the write's are both split
+    assert sum(st.op == "split" for st in s.trace) >= 2
+    a = (rng.standard_normal(shape) * 50).astype(dtype)
+    b = np.empty(out_shape, dtype)
+    cuvil.build(s, [A, B])(a, b)
+    np.testing.assert_array_equal(b, a.transpose(perm))

@@ -50,6 +50,12 @@ BIG_TILE_ROWS = 512  # rows from which a contraction gets the 12-row register ti
 PACK_GAIN = 1.25  # how much more work per load a tile must get before an operand is packed to make it
 
 
+def _dtype_bytes(dtype: str) -> int:
+    from cuvil import dtype as dt
+
+    return max(1, dt.bits(dtype) // 8)
+
+
 def dt_float(dtype: str) -> bool:
     return dtype in ("float16", "float32", "float64")
 
@@ -447,7 +453,14 @@ class AutoScheduler:
         inner = axes[-1]
         v = self.lanes(st.op.dtype)
         ext = const_int(inner.extent)
-        if ext is not None and ext >= v:
+        rows = self._transposed_read(st)
+        if rows is not None and ext is not None and ext >= v:
+            try:
+                self._transpose_tiles(st, rows, inner, v)
+            except ScheduleError:
+                if strict:
+                    raise
+        elif ext is not None and ext >= v:
             _, xi = st.split(inner, factor=v)
             try:
                 st.vectorize(xi)
@@ -463,6 +476,42 @@ class AutoScheduler:
             except ScheduleError:
                 if strict:
                     raise
+
+    def _transposed_read(self, st: Stage) -> IterVar | None:
+        """The axis ``a`` of an element-wise stage that a read walks with unit stride (its last index) while
+        that read takes the stage's innermost axis ``j`` in another dimension (``B[i, j] = A[j, i]``: a = i);
+        None when there is none, or the block would not hold a cache line of the read per row."""
+        op = st.op
+        if list(st.leaves) != list(op.axis) or len(op.axis) < 2:
+            return None
+        inner = op.axis[-1]
+        bytes_ = max(1, _dtype_bytes(op.dtype))
+        for n in walk(op.body):
+            if not isinstance(n, TensorRead) or not n.indices:
+                continue
+            last = n.indices[-1]
+            if (isinstance(last, IterVar) and last is not inner and any(last is a for a in op.axis)
+                    and any(ix is inner for ix in n.indices[:-1])):
+                ext = const_int(last.extent)
+                if ext is not None and ext * bytes_ >= 64:
+                    return last
+        return None
+
+    def _transpose_tiles(self, st: Stage, rows: IterVar, inner: IterVar, v: int) -> None:
+        """Square blocks of a cache line's rows for a transposing read, vectorised along the writes::
+
+            for (i < N) for (j.o < N / 16) vector(16) B[i, j] = A[j, i]     // each read a new cache line
+          ->
+            for (i.o < N / 16) for (j.o < N / 16) for (i.i < 16) vector(16) B[..] = A[..]  // a 16 x 16 block
+        """
+        t = max(v, 64 // max(1, _dtype_bytes(st.op.dtype)))
+        io, ii = st.split(rows, factor=t)
+        jo, ji = st.split(inner, factor=t)
+        keep = [a for a in st.leaves if not any(a is b for b in (io, ii, jo, ji))]
+        st.reorder(*keep, io, jo, ii, ji)
+        if t != v:
+            _, ji = st.split(ji, factor=v)
+        st.vectorize(ji)
 
     @staticmethod
     def _work(st: Stage) -> int:
