@@ -15,12 +15,12 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper  # noqa: E402
-from onnx_models import mlp, resnet_block_model  # noqa: E402
 from toolchain import require  # noqa: E402
 
 import cuvil  # noqa: E402
 import cuvil.onnx as connx  # noqa: E402
 from cuvil.runtime import load  # noqa: E402
+from cuvil.zoo import mlp, resnet_block_model  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "docs", "examples", "run_model.c")

@@ -4,7 +4,7 @@ example (docs/examples/run_model.c, one workspace for all runs) and onnxruntime,
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python docs/examples/bench_export.py resnet18 15
 
 Models: resnet18 (224x224), mobilenet (224x224), mlp (784-1024-1024-10, batch 64), built with
-onnx.helper by tests/onnx_models.py (seeded random weights). Needs gcc and onnxruntime.
+onnx.helper by cuvil.zoo (seeded random weights). Needs gcc and onnxruntime.
 """
 
 from __future__ import annotations
@@ -19,19 +19,18 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 
 def main(name: str, reps: int) -> None:
-    import onnx_models
     import onnxruntime as ort
 
     import cuvil
     import cuvil.onnx
     import cuvil.runtime
+    from cuvil import zoo
 
-    model = {"resnet18": lambda: onnx_models.resnet18(224), "mobilenet": lambda: onnx_models.mobilenet_v2(224),
-             "mlp": lambda: onnx_models.mlp()}[name]()
+    model = {"resnet18": lambda: zoo.resnet18(224), "mobilenet": lambda: zoo.mobilenet_v2(224),
+             "mlp": lambda: zoo.mlp()}[name]()
     d = tempfile.mkdtemp(prefix=f"cuvil-export-{name}-")
     t0 = time.perf_counter()
     sess = cuvil.onnx.InferenceSession(model, num_threads=1)
