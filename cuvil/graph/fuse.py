@@ -53,7 +53,7 @@ def _constants(g: Graph) -> set[str]:
     """Values known at compile time: initializers and outputs of nodes that read only those."""
     known = set(g.initializers)
     for n in g.nodes:
-        if n.op_type in ("Constant", "Shape", "Size") or all(not x or x in known for x in n.inputs):
+        if n.op_type in ("Constant", "Shape", "Size") or (any(n.inputs) and all(not x or x in known for x in n.inputs)):
             known.update(o for o in n.outputs if o)
     return known
 
