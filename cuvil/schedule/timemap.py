@@ -161,7 +161,37 @@ def build_time_maps(model: PolyModel) -> TimeMaps:
     maps = {k: _pad(m, width) for k, m in maps.items()}
     for k in dim_leaf:
         dim_leaf[k] = dim_leaf[k] + [None] * (width - len(dim_leaf[k]))
-    return TimeMaps(maps, width, dim_leaf, leaf_stage, attach_dim)
+    return _drop_constant_dims(TimeMaps(maps, width, dim_leaf, leaf_stage, attach_dim))
+
+
+def _drop_constant_dims(tm: TimeMaps) -> TimeMaps:
+    """``tm`` without the time dimensions that are no statement's loop and one constant in every
+    statement (most slots: nothing is computed inside that loop).  They order nothing, so the order of
+    execution is the same, and isl's AST generator and dataflow analysis work on fewer dimensions (a
+    ResNet 3x3 convolution: 21 -> 13 dimensions, its AST 0.40 -> 0.12 s)."""
+    keep = [0]  # the root stage's position: legality puts its END reads after every root stage there
+    for d in range(1, tm.width):
+        if any(dims[d] is not None for dims in tm.dim_leaf.values()):
+            keep.append(d)
+            continue
+        values = set()
+        for m in tm.maps.values():
+            v = m.plain_get_val_if_fixed(isl.dim_type.out, d)
+            values.add(v.to_python() if v.is_int() else None)
+        if len(values) != 1 or None in values:
+            keep.append(d)
+    if len(keep) == tm.width:
+        return tm
+    maps = {}
+    for k, m in tm.maps.items():
+        for d in reversed(range(tm.width)):
+            if d not in keep:
+                m = m.project_out(isl.dim_type.out, d, 1)
+        maps[k] = m
+    pos = {d: n for n, d in enumerate(keep)}
+    dim_leaf = {k: [dims[d] for d in keep] for k, dims in tm.dim_leaf.items()}
+    attach = {k: pos[d] for k, d in tm.attach_dim.items()}
+    return TimeMaps(maps, len(keep), dim_leaf, tm.leaf_stage, attach)
 
 
 def _attached_prefix(model: PolyModel, s: Statement, st: Any, by_stage: dict[int, list[Statement]],
