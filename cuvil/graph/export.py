@@ -152,7 +152,7 @@ def resolve_shapes(feeds: Sequence[Any], input_shapes: Any = None) -> dict[str, 
             n, s = next(iter(symbolic.items()))
             dims = "unknown rank" if s is None else ", ".join(
                 f"dimension {k} ({d or '?'})" for k, d in enumerate(s) if not isinstance(d, int))
-            example = ", ".join(f"{name!r}: ({', '.join(str(d) if isinstance(d, int) else '1' for d in (sh or ()))},)"
+            example = ", ".join(f"{name!r}: {tuple(d if isinstance(d, int) else 1 for d in (sh or ()))}"
                                 for name, sh in declared.items())
             raise ShapeError(f"input {n!r} has a symbolic shape {list(s or [])} ({dims}); a library is compiled "
                              f"for fixed shapes: pass export_library(path, input_shapes={{{example}}})")
