@@ -372,3 +372,18 @@ def test_warm_cache_skips_llvm_and_exports_the_same_code(tmp_path):
     cold, warm = (load(tmp_path / n).run(None, {"x": x})[0] for n in ("cold.so", "warm.so"))
     np.testing.assert_array_equal(cold, warm)
     np.testing.assert_array_equal(cold, np.load(tmp_path / "cold.so.npy"))
+
+
+def test_concurrent_runs_from_several_threads(resnet):
+    """ctypes releases the GIL for the native call and each call allocates its own workspace: runs from
+    several Python threads at once overlap in native code and each gets its own correct result."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    m = load(resnet[2])
+    xs = [np.random.default_rng(10 + k).standard_normal((2, 3, 16, 16)).astype(np.float32) for k in range(8)]
+    refs = [m.run(None, {"x": x})[0] for x in xs]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            outs = list(pool.map(lambda x: m.run(None, {"x": x})[0], xs))
+            for got, ref in zip(outs, refs):
+                np.testing.assert_array_equal(got, ref)
