@@ -99,15 +99,17 @@ class InferenceSession:
         """Write the model as one shared library at ``path`` and a C header beside it (``.h``).
 
         The library is compiled for fixed input shapes: the model's own, or ``input_shapes``
-        ({name: shape}) where it has symbolic dimensions.  Its C symbols start with ``prefix``
+        ({name: shape}) where it has symbolic dimensions, or else the one signature this session has
+        compiled (by a run or an export), if it has exactly one.  Its C symbols start with ``prefix``
         (default: the file name, ``model.so`` -> ``model_run``); ``cc`` links it (a cross
         compiler for another target).  ``cuvil.runtime.load(path)`` runs it from Python without
         islpy or llvmlite; docs/export.md shows it from C.  Returns the library's path.
         """
         from cuvil.graph.export import TensorSpec, export_graph, resolve_shapes
 
+        ran_with = [dict(shapes) for (shapes, values), prog in self._cache.items() if prog is not None and not values]
         shapes = resolve_shapes(self._feeds, dict(input_shapes) if isinstance(input_shapes, Mapping)
-                                else input_shapes)
+                                else input_shapes, ran_with)
         try:
             prog = self._compiled(shapes, {}) if not self._specialised else None
         except _Retry:

@@ -225,6 +225,14 @@ def test_symbolic_shapes_need_input_shapes(tmp_path):
         assert text in str(e.value)
     with pytest.raises(cuvil.ArgumentError, match="prefix '9x' is not a C identifier"):
         s.export_library(tmp_path / "m.so", input_shapes={"x": (1, 3, 16, 16)}, prefix="9x")
+    ran = connx.InferenceSession(resnet_block_model(16))
+    x = np.ones((3, 3, 16, 16), np.float32)
+    ran.run(None, {"x": x})  # the one signature the session ran with is the current one
+    assert load(ran.export_library(tmp_path / "ran.so")).get_inputs()[0].shape == [3, 3, 16, 16]
+    ran.run(None, {"x": x[:1]})
+    with pytest.raises(cuvil.ShapeError, match=r"the session ran with 2 signatures \(\{'x': \(3, 3, 16, 16\)\}; "
+                                               r"\{'x': \(1, 3, 16, 16\)\}\), so none is the current one"):
+        ran.export_library(tmp_path / "m.so")
     with pytest.raises(cuvil.ArgumentError, match="the folder .* does not exist"):
         s.export_library(tmp_path / "no" / "m.so", input_shapes={"x": (1, 3, 16, 16)})
     assert not (tmp_path / "m.so").exists()

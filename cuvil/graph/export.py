@@ -138,25 +138,33 @@ def plan_layout(prog: Any, inputs: Sequence[TensorSpec], outputs: Sequence[Tenso
     return Layout(place, tuple(copies), tuple(blob), blob_end, _align(ws_end) if ws_end else 0)
 
 
-def resolve_shapes(feeds: Sequence[Any], input_shapes: Any = None) -> dict[str, tuple[int, ...]]:
+def resolve_shapes(feeds: Sequence[Any], input_shapes: Any = None,
+                   ran_with: Sequence[dict[str, tuple[int, ...]]] = ()) -> dict[str, tuple[int, ...]]:
     """The static shape of every fed input (``feeds``: graph ValueInfos) for an exported library.
 
-    ``input_shapes`` ({name: shape}) fixes symbolic dimensions; without it every dimension must be
-    declared in the model.  Each given shape must agree with the declared rank, the declared
-    sizes and itself (a symbol has one value across inputs).
+    ``input_shapes`` ({name: shape}) fixes symbolic dimensions; without it, the model's own shapes
+    when they are all known, else the shapes of ``ran_with`` if it holds exactly one signature
+    (the session ran with those).  Each given shape must agree with the declared rank, the
+    declared sizes and itself (a symbol has one value across inputs).
     """
     declared = {v.name: v.shape for v in feeds}
     if input_shapes is None:
         symbolic = {n: s for n, s in declared.items() if s is None or not all(isinstance(d, int) for d in s)}
-        if symbolic:
+        if not symbolic:
+            return {n: tuple(s) for n, s in declared.items()}  # type: ignore[arg-type]
+        if len(ran_with) == 1:
+            input_shapes = dict(ran_with[0])
+        else:
             n, s = next(iter(symbolic.items()))
             dims = "unknown rank" if s is None else ", ".join(
                 f"dimension {k} ({d or '?'})" for k, d in enumerate(s) if not isinstance(d, int))
             example = ", ".join(f"{name!r}: {tuple(d if isinstance(d, int) else 1 for d in (sh or ()))}"
                                 for name, sh in declared.items())
-            raise ShapeError(f"input {n!r} has a symbolic shape {list(s or [])} ({dims}); a library is compiled "
-                             f"for fixed shapes: pass export_library(path, input_shapes={{{example}}})")
-        return {n: tuple(s) for n, s in declared.items()}  # type: ignore[arg-type]
+            ran = (f"; the session ran with {len(ran_with)} signatures "
+                   f"({'; '.join(str(dict(r)) for r in ran_with[:4])}{' ...' if len(ran_with) > 4 else ''}), "
+                   "so none is the current one" if ran_with else "")
+            raise ShapeError(f"input {n!r} has a symbolic shape {list(s or [])} ({dims}){ran}; a library is "
+                             f"compiled for fixed shapes: pass export_library(path, input_shapes={{{example}}})")
     if not isinstance(input_shapes, dict):
         raise ArgumentError(f"input_shapes must be a dict {{input name: shape}}, got {type(input_shapes).__name__}")
     unknown = [n for n in input_shapes if n not in declared]
