@@ -75,3 +75,19 @@ def test_branch_condition_pins_the_tail_tile():
     loop = For(j, E.const(0, "int64"), E.const(32, "int64"), If(cond, full, tail))
     text = str(simplify_stmt(loop))
     assert "t < 8" in text and "C[t + 992]" in text, text
+
+
+def test_min_max_of_data_is_not_distributed_over_a_sum():
+    """int64 data wraps: x + max(0, x) is not max(x, 2x) when 2x overflows (hypothesis found it)."""
+    import numpy as np
+
+    import cuvil
+    from cuvil import te
+
+    X = te.placeholder((4,), dtype="int64", name="x")
+    Y = te.compute((4,), lambda i: X[i] + te.max(te.const(0, "int64"), X[i]), name="y")
+    x = np.array([-6889112216835153290 // 2 + (1 << 63) // 2, 6, -4, 2**62 + 5], np.int64)
+    y = np.empty(4, np.int64)
+    cuvil.build(cuvil.auto_schedule([X, Y]), [X, Y])(x, y)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(y, x + np.maximum(0, x))

@@ -148,10 +148,15 @@ class _Emit:
         return self.float_(self.b.shl(self.b.add(n, self.i(127)), self.i(23)))
 
 
-def _exp(m: _Emit, x: ir.Value) -> ir.Value:
-    """e^x, NaN not yet restored (NaN lanes hold e^-104 = 0)."""
+def _exp(m: _Emit, x: ir.Value, nan_through: bool = False) -> ir.Value:
+    """e^x, NaN not yet restored (NaN lanes hold e^-104 = 0); with ``nan_through`` (the vscalefps path
+    only: the integer scaling would turn NaN into garbage) NaN lanes stay NaN."""
     b = m.b
-    xc = m.clamp(x, -104.0, 89.0)
+    if nan_through:  # (x < lo) ? lo : x keeps a NaN x (one vmaxps with x second)
+        xc = b.select(m.lt(x, m.f(-104.0)), m.f(-104.0), x)
+        xc = b.select(b.fcmp_ordered(">", xc, m.f(89.0)), m.f(89.0), xc)
+    else:
+        xc = m.clamp(x, -104.0, 89.0)
     k = m.mad(xc, m.f(LOG2E), m.f(SHIFTER))
     n = m.sub(k, m.f(SHIFTER))  # round(x / ln2), exact
     r = m.mad(n, m.f(-LN2_HI), xc)  # exact: n * LN2_HI has <= 24 significant bits
@@ -168,6 +173,8 @@ def _exp(m: _Emit, x: ir.Value) -> ir.Value:
 def exp(b: ir.IRBuilder, x: ir.Value, avx512: bool = False) -> ir.Value:
     """e^x: inf for x > ln(FLT_MAX), 0 below -103.98, subnormals rounded once; NaN stays NaN."""
     m = _Emit(b, x, avx512)
+    if m.scalef:  # a NaN goes through the clamp and the arithmetic: no mask and blend at the end
+        return _exp(m, x, nan_through=True)
     return m.keep_nan(x, _exp(m, x))
 
 

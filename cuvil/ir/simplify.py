@@ -12,7 +12,7 @@ from __future__ import annotations
 from cuvil import dtype as dt
 from cuvil.ir import expr as E
 from cuvil.ir.expr import Binary, Cast, Const, Expr, Select, Unary, Var
-from cuvil.ir.functor import ExprMutator, substitute
+from cuvil.ir.functor import ExprMutator, substitute, walk
 from cuvil.ir.stmt import Allocate, Block, For, If, LetStmt, LoweredFunc, Stmt, Store, block
 
 
@@ -206,6 +206,8 @@ class Simplifier(ExprMutator):
         mm = [(k, t) for k, (t, n) in terms.items() if n and isinstance(t, Binary) and t.op in ("min", "max")]
         if len(mm) != 1 or terms[mm[0][0]][1] != 1:
             return None
+        if any(isinstance(x, (E.Load, E.TensorRead, E.Call)) for t, _ in terms.values() for x in walk(t)):
+            return None  # data, not an index: int64 wraps, and min(a, b) + t != min(a + t, b + t) then
         key, t = mm[0]
         rest = dict(terms)
         del rest[key]
