@@ -134,6 +134,12 @@ def test_unknown_output_and_null_pointer_status(resnet):
     m = load(resnet[2])
     with pytest.raises(cuvil.ArgumentError, match="'y' is not an output of the model; outputs: logits"):
         m.run(["y"], {"x": np.ones((2, 3, 16, 16), np.float32)})
+    from cuvil.runtime import LoadedModule
+
+    with pytest.raises(cuvil.ArgumentError, match="holds a whole model, not functions"):
+        LoadedModule(str(resnet[2]))
+    with pytest.raises(cuvil.ArgumentError, match="load it without name="):
+        load(resnet[2], name="model_run")
     lib = ctypes.CDLL(str(resnet[2]))
     ptrs = (ctypes.c_void_p * 1)(None)
     assert lib.model_run_array(ptrs, ptrs, None) == 2  # MODEL_ERR_NULL_POINTER

@@ -31,7 +31,9 @@ class LoadedModule(NativeFunction):
     def __init__(self, path: str, name: str | None = None, lib: Any = None):
         self.path = path
         self._lib = _open(path) if lib is None else lib
-        names = _read_json(self._lib, "cuvil_module_meta", path)["functions"]
+        names = _read_json(self._lib, "cuvil_module_meta", path).get("functions")
+        if names is None:
+            raise ArgumentError(f"{path} holds a whole model, not functions: load it with cuvil.runtime.load")
         if name is None:
             if len(names) != 1:
                 raise ArgumentError(f"{path} defines {len(names)} functions ({', '.join(names)}); pass name=")
