@@ -401,3 +401,12 @@ def test_concurrent_runs_from_several_threads(resnet):
             outs = list(pool.map(lambda x: m.run(None, {"x": x})[0], xs))
             for got, ref in zip(outs, refs):
                 np.testing.assert_array_equal(got, ref)
+
+
+def test_gpu_targets_are_not_exported(tmp_path):
+    m = _model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    s = connx.InferenceSession(m, target="cuda -arch=sm_90")
+    with pytest.raises(cuvil.TargetError, match="export_library writes CPU libraries"):
+        s.export_library(tmp_path / "gpu.so")

@@ -256,6 +256,8 @@ def export_graph(prog: Any, inputs: Sequence[TensorSpec], path: str | os.PathLik
     from cuvil.target import Target
 
     tgt = Target(target)
+    if tgt.kind != "llvm":
+        raise TargetError(f"export_library writes CPU libraries (llvm targets), not {tgt.canonical!r}")
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
