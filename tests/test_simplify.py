@@ -91,3 +91,18 @@ def test_min_max_of_data_is_not_distributed_over_a_sum():
     cuvil.build(cuvil.auto_schedule([X, Y]), [X, Y])(x, y)
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(y, x + np.maximum(0, x))
+
+
+def test_floor_division_of_data_keeps_the_wrapped_value():
+    import numpy as np
+
+    import cuvil
+    from cuvil import te
+
+    X = te.placeholder((3,), dtype="int64", name="x")
+    Y = te.compute((3,), lambda i: (X[i] * 4 + 1) // 4, name="y")
+    x = np.array([2**62 + 3, 5, -7], np.int64)
+    y = np.empty(3, np.int64)
+    cuvil.build(cuvil.auto_schedule([X, Y]), [X, Y])(x, y)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(y, (x * 4 + 1) // 4)

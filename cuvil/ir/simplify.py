@@ -166,7 +166,7 @@ class Simplifier(ExprMutator):
     def visit_Binary(self, e: Binary) -> Expr:
         a, b = self.visit(e.a), self.visit(e.b)
         if (e.dtype == "int64" and e.op in ("floordiv", "floormod") and isinstance(b, Const) and b.value > 0
-                and not isinstance(a, Const)):
+                and not isinstance(a, Const) and _is_index(a)):  # (data * 4 + 1) // 4 wraps first
             folded = _divmod(e, a, int(b.value), self.bounds)
             if folded is not None:
                 return self.visit(folded) if not isinstance(folded, Binary) or folded.op not in (
@@ -206,7 +206,7 @@ class Simplifier(ExprMutator):
         mm = [(k, t) for k, (t, n) in terms.items() if n and isinstance(t, Binary) and t.op in ("min", "max")]
         if len(mm) != 1 or terms[mm[0][0]][1] != 1:
             return None
-        if any(isinstance(x, (E.Load, E.TensorRead, E.Call)) for t, _ in terms.values() for x in walk(t)):
+        if not all(_is_index(t) for t, _ in terms.values()):
             return None  # data, not an index: int64 wraps, and min(a, b) + t != min(a + t, b + t) then
         key, t = mm[0]
         rest = dict(terms)
@@ -226,6 +226,13 @@ class Simplifier(ExprMutator):
             return self.visit(e.t if c.value else e.f)
         t, f = self.visit(e.t), self.visit(e.f)
         return e if (c is e.cond and t is e.t and f is e.f) else Select(e.dtype, c, t, f)
+
+
+def _is_index(e: Expr) -> bool:
+    """An expression of loop variables, sizes and constants only (no loaded data): such int64 values
+    never wrap, so the rewrites that assume exact integers (moving terms into a min/max or out of a
+    floor division) hold for them."""
+    return not any(isinstance(x, (E.Load, E.TensorRead, E.Call)) for x in walk(e))
 
 
 def _is(e: Expr, v: int) -> bool:
