@@ -112,8 +112,9 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
          final_rounds: int = 15) -> TuneResult:
     """Tune the schedule of the program with arguments ``args`` until the database holds ``trials`` records.
 
-    ``timeout_s`` bounds one candidate's run (``build_timeout_s``, default ``6 * timeout_s``, its build:
-    compiling a big packed contraction takes seconds, more on a busy machine); a candidate that fails
+    ``timeout_s`` bounds one candidate's run (``build_timeout_s`` its build; by default ``6 * timeout_s``,
+    lowered after four builds to 5x their median, at least 20 s: compiling a big packed contraction takes
+    seconds, more on a busy machine, and a candidate isl chokes on stalls its whole batch); a candidate that fails
     (refused, crashed, hung, wrong output) counts as a trial.  ``num_threads`` (default: cuvil's
     thread count) is the thread count candidates run with; records are kept per thread count.
     ``search`` is "evolutionary" (model-guided) or "random"; ``inputs`` replaces the random inputs
@@ -167,8 +168,9 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
             runner = runner or LocalRunner(threads, timeout_s=timeout_s, repeat=repeat)
             try:
                 show = _progress(progress)
+                adapt = own_builder and build_timeout_s is None  # the limit follows the builds' own times
                 res, kept = _loop(args, wl, threads, trials, done, database, space, strategy, builder, runner,
-                                  list(inputs), shapes, tmp, batch_size or 8, show)
+                                  list(inputs), shapes, tmp, batch_size or 8, show, adapt)
                 if final_top > 0 and database.final_stale(wl.key, wl.target, threads):
                     final = _final_round(wl, threads, database, space, builder, runner, kept, tmp, final_top,
                                          final_rounds, show)
@@ -191,7 +193,7 @@ def _progress(flag: bool | None) -> bool:
 
 def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: int, db: Database, space: Space,
           strategy: Search, builder: Builder, runner: Runner, inputs: list[np.ndarray], shapes: list[Any],
-          tmp: str, batch: int, show: bool) -> tuple[TuneResult, dict[str, BuildResult]]:
+          tmp: str, batch: int, show: bool, adapt: bool = False) -> tuple[TuneResult, dict[str, BuildResult]]:
     runner.set_inputs(inputs, [(shape, dtype) for _, shape, dtype, is_in in shapes if not is_in])
     default = space.default()
     best = db.best(wl.key, wl.target, threads)
@@ -204,6 +206,8 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
     ref_build = None
     ref_path = os.path.join(tmp, "reference.so")
     kept: dict[str, BuildResult] = {}  # config hash -> the build of every correct candidate of this call
+    build_s: list[float] = []
+    limit = float(getattr(builder, "timeout_s", 60.0))
     start = time.monotonic()
     while done < trials:
         n = min(batch, trials - done)
@@ -217,6 +221,10 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
                 for k, c in enumerate(cfgs)]
         extra = [] if ref_build is not None or first else [BuildJob(-1, default, ref_path)]
         builds = builder.build(extra + jobs)
+        build_s += [b.seconds for b in builds if b.status == "ok"]
+        if adapt and len(build_s) >= 4:  # a candidate that builds 5x longer than usual is stuck (isl blowing up):
+            # give up on it sooner than the first limit (the batch waits for it), but never under 20 s
+            builder.timeout_s = max(20.0, min(limit, 5.0 * float(np.median(build_s))))  # type: ignore[attr-defined]
         if ref_build is None:
             # the untuned schedule's outputs are the reference every candidate must match
             ref_build = builds[0]
