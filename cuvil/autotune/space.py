@@ -211,11 +211,13 @@ class Space:
         prior = math.log(acc / (mr + nv) * lane_use / ((1 + waste_i) * (1 + waste_j)))
         prior += math.log(1.5) * (ci == f["default_candidate"]) + math.log(1.3) * packed
         prior += math.log(1.1) * (bool(k.get("panels_outer")) == packed) - math.log(2.0) * (pressure > regs)
+        group = max(1, int(k.get("group") or 1))  # column panels run per row tile: the rows are read once for all
         return [
             mr, nv, acc, pressure / regs, max(0.0, pressure - regs), acc / (mr + nv), waste_i, waste_j, lane_use,
             float(packed), float(bool(k.get("panels_outer"))), float(parallel), balance * th, math.log2(tiles),
             math.log2(panel / l2), math.log2(rows / l1), float(mr % 2 == 0), math.log2(f["work"] + 1), *onehot,
-            prior,
+            math.log2(max(1.0, ext_j / (nr_e * group))), math.log2(group * panel / l2),  # row passes, panels kept
+            prior,  # last (Space.prior reads it there)
         ]
 
     def prior(self, cfg: Config) -> float:
@@ -225,12 +227,13 @@ class Space:
         total, pos = 0.0, 0
         for st, kn in self.knobs.items():
             if "candidate" in kn:
-                total += float(x[pos + 22]) * math.log2(self.facts[st]["work"] + 1)
-            pos += (23 if "candidate" in kn else 3) + sum(name not in _DESCRIBED for name in kn)
+                total += float(x[pos + _N_CONTRACTION - 1]) * math.log2(self.facts[st]["work"] + 1)
+            pos += (_N_CONTRACTION if "candidate" in kn else 3) + sum(name not in _DESCRIBED for name in kn)
         return total
 
 
 _DESCRIBED = {"candidate", "mr", "nr", "pack", "panels_outer", "parallel", "lanes"}
+_N_CONTRACTION = 25  # features of a contraction stage (Space._contraction_features), the prior last
 
 
 def _value(v: Any, vals: Sequence[Any]) -> float:
