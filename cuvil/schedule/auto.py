@@ -68,6 +68,18 @@ def _elementwise(st: Stage) -> bool:
     return isinstance(st.op, ComputeOp) and not st.op.reduce_axis
 
 
+def _outer_loop(st: Stage) -> IterVar | None:
+    """The loop to run on threads: the outermost data loop of more than one iteration (a batch of one
+    in front does not hide the channels behind it), or None."""
+    for a in st.leaves:
+        if a.kind != "data":
+            return None  # not inside a reduction loop
+        ext = const_int(a.extent)
+        if ext != 1:
+            return a if ext is not None else None
+    return None
+
+
 def _readers(s: Schedule, st: Stage) -> list[Stage]:
     return [r for r in s.compute_stages if s.reads(r, st)]
 
@@ -203,9 +215,10 @@ class AutoScheduler:
         if st.op.reduce_axis:
             rf = self._rfactor_lanes(st) if self.knobs.get(st.name, {}).get("lanes", True) else None
             if parallel is not False and (self.knobs.get(st.name, {}).get("parallel", self._big(st))):
-                data = [a for a in st.leaves if a.kind == "data"]
-                for stage in ([rf] if rf is not None else []) + ([st] if data else []):
-                    stage.parallel(stage.leaves[0])
+                for stage in ([rf] if rf is not None else []) + [st]:
+                    loop = _outer_loop(stage)
+                    if loop is not None:
+                        stage.parallel(loop)
             return rf
         if parallel is False and len(st.op.axis) == 1:
             return None  # one element per row
@@ -391,9 +404,9 @@ class AutoScheduler:
     def reduction(self, st: Stage) -> None:
         if self.knobs.get(st.name, {}).get("lanes", True) and self._vector_reduction(st):
             return
-        data = [a for a in st.leaves if a.kind == "data"]
-        if data and self.knobs.get(st.name, {}).get("parallel", self._big(st)):
-            st.parallel(data[0])
+        loop = _outer_loop(st)
+        if loop is not None and self.knobs.get(st.name, {}).get("parallel", self._big(st)):
+            st.parallel(loop)
 
     def _vector_reduction(self, st: Stage) -> bool:
         """A row reduction over one unit-stride axis: ``v`` partial results in vector lanes (rfactor; the
@@ -408,8 +421,9 @@ class AutoScheduler:
                 if rf is None:
                     return False
                 for stage in (rf, st):
-                    if stage.op.axis and self._big(rf):
-                        stage.parallel(stage.leaves[0])
+                    loop = _outer_loop(stage)
+                    if loop is not None and self._big(rf):
+                        stage.parallel(loop)
         except ScheduleError:
             return False
         return True
@@ -469,10 +483,10 @@ class AutoScheduler:
                     raise
         if parallel is False:
             return
-        if self.knobs.get(st.name, {}).get("parallel", self._big(st)) and const_int(st.leaves[0].extent) not in (
-                None, 1):
+        loop = _outer_loop(st)
+        if self.knobs.get(st.name, {}).get("parallel", self._big(st)) and loop is not None:
             try:
-                st.parallel(st.leaves[0])
+                st.parallel(loop)
             except ScheduleError:
                 if strict:
                     raise
