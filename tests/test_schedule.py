@@ -406,3 +406,24 @@ def test_parallel_loop_over_a_per_iteration_buffer():
     c = np.zeros(64, np.float32)
     m(x, y, c)
     np.testing.assert_allclose(c, y @ (2 * x), rtol=1e-5)
+
+
+def test_time_maps_have_no_empty_slot_dimensions():
+    """A time dimension that is no statement's loop and one constant everywhere orders nothing: it is
+    left out (isl's AST and dataflow work on fewer dimensions); the root position (dimension 0) stays."""
+    import islpy as isl
+
+    from cuvil.schedule.model import build_model
+    from cuvil.schedule.timemap import build_time_maps
+
+    A, B, C = _mm(64)
+    s = cuvil.auto_schedule([A, B, C])  # a register tile (init, update) computed at the tile loop
+    tm = build_time_maps(build_model(s))
+    assert len(tm.maps) == 3
+    for d in range(1, tm.width):
+        loops = any(dims[d] is not None for dims in tm.dim_leaf.values())
+        values = [m.plain_get_val_if_fixed(isl.dim_type.out, d) for m in tm.maps.values()]
+        fixed = {v.to_python() for v in values if v.is_int()}
+        assert loops or len(fixed) > 1 or len(fixed) < len(values), f"time dimension {d} orders nothing"
+    _run_mm(s, A, B, C, (64, 64))
+
