@@ -255,14 +255,21 @@ class AutoScheduler:
             mr = max(range(max(1, lo), mr + 1), key=score)
         return mr, nr
 
-    def _intensity(self, c: Contraction, dtype: str) -> float:
-        """Multiply-adds per register load of the tile ``c`` gets, times the share of vector lanes in use."""
-        v = self.lanes(dtype)
-        mr, nr = self._tile_sizes(c, dtype)
+    def _intensity(self, c: Contraction, op: ComputeOp) -> float:
+        """Multiply-adds per register access of the tile ``c`` gets, times the share of vector lanes in use.
+
+        Per step of the reduction a tile loads ``mr`` broadcasts and ``nv`` vectors for ``mr * nv`` vector
+        multiply-adds; when ``j`` is not the output's last axis its ``mr x nr`` results are stored one
+        element at a time at the end, spread over the ``k`` steps (a 1x1 convolution over 64 channels
+        with filters in lanes: 6 stores a step)."""
+        v = self.lanes(op.dtype)
+        mr, nr = self._tile_sizes(c, op.dtype)
         nv = -(-nr // v)
         ext_j = const_int(c.j.extent) or nr
         used = ext_j / (-(-ext_j // v) * v)
-        return mr * nv / (mr + nv) * used
+        k = math.prod(const_int(r.extent) or 1024 for r in op.reduce_axis)
+        scattered = 0.0 if c.j is op.axis[-1] else mr * nr / k
+        return mr * nv / (mr + nv + scattered) * used
 
     def candidates(self, op: ComputeOp) -> list[Contraction]:
         """The contraction pairs of ``op`` this scheduler can tile (packing where it must be possible)."""
@@ -280,11 +287,11 @@ class AutoScheduler:
             return None
         if pick is not None:
             return cands[pick % len(cands)]
-        best = max(cands, key=lambda c: self._intensity(c, op.dtype))
+        best = max(cands, key=lambda c: self._intensity(c, op))
         if best.pack_dim is None or best.panel is not None:
             return best  # no copy to pay for (an operand already in panels: constant filters of a model)
         first = cands[0]
-        if first.pack_dim is None and self._intensity(first, op.dtype) * PACK_GAIN >= self._intensity(best, op.dtype):
+        if first.pack_dim is None and self._intensity(first, op) * PACK_GAIN >= self._intensity(best, op):
             return first
         return best
 
