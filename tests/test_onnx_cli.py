@@ -76,3 +76,25 @@ def test_bench_a_model_beside_onnxruntime(model_path, capsys):
 def test_bench_reports_an_unknown_model(capsys):
     assert main(["bench", "no_such_model", "--threads", "1", "--no-cold"]) == 1
     assert "no_such_model" in capsys.readouterr().out
+
+
+def test_a_second_compile_comes_from_the_kernel_cache(model_path, tmp_path, monkeypatch, capsys):
+    """Lowered kernels (.pkl) and the linked module's machine code (.o) are cached on disk; a second
+    compile in a process that has not seen the model (in-memory kernels dropped) adds no entry."""
+    import cuvil.frontend.onnx as fo
+
+    cache = tmp_path / "kcache"
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(cache))
+    monkeypatch.setattr(fo, "_KERNELS", {})
+    assert main(["compile", str(model_path), "-o", str(tmp_path / "a.ll")]) == 0
+    entries = sorted(p.name for p in cache.rglob("*") if p.is_file())
+    assert any(e.endswith(".pkl") for e in entries) and any(e.endswith(".o") for e in entries)
+    monkeypatch.setattr(fo, "_KERNELS", {})
+    assert main(["compile", str(model_path), "-o", str(tmp_path / "b.ll")]) == 0
+    assert sorted(p.name for p in cache.rglob("*") if p.is_file()) == entries
+
+    def ir(name: str) -> list[str]:  # the IR parsed back from cached bitcode names no module id
+        return [x for x in (tmp_path / name).read_text().splitlines() if not x.startswith("; ModuleID")]
+
+    assert ir("a.ll") == ir("b.ll")
+    capsys.readouterr()

@@ -32,18 +32,32 @@ def cache_dir() -> str | None:
     return d or os.path.join(os.path.expanduser("~"), ".cache", "cuvil", "kernels")
 
 
+# sources that cannot change a lowered kernel or its machine code (command line, benchmarks, the tuner,
+# the session's plumbing, export, loading a .so): editing them keeps the cache valid
+_NOT_IN_KERNELS = frozenset({
+    "autotune", "cli.py", "cli_onnx.py", "bench.py", "bench_model.py", "zoo.py", "onnx.py",
+    "graph/export.py", "graph/export_api.py", "graph/export_header.py", "graph/profile.py", "runtime/loader.py",
+})
+
+
 @lru_cache(maxsize=1)
 def _code_version() -> str:
+    """A hash of cuvil's version and of every source file that lowering or code generation runs."""
     import cuvil
 
     root = os.path.dirname(cuvil.__file__)
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        dirnames[:] = [d for d in dirnames if (d if rel == "." else f"{rel}/{d}") not in _NOT_IN_KERNELS]
+        for f in filenames:
+            name = f if rel == "." else f"{rel}/{f}"
+            if f.endswith(".py") and name not in _NOT_IN_KERNELS:
+                files.append((name, os.path.join(dirpath, f)))
     h = hashlib.sha256(cuvil.__version__.encode())
-    for dirpath, dirnames, filenames in sorted(os.walk(root)):
-        dirnames.sort()
-        for f in sorted(filenames):
-            if f.endswith(".py"):
-                with open(os.path.join(dirpath, f), "rb") as fh:
-                    h.update(f.encode() + fh.read())
+    for name, path in sorted(files):
+        with open(path, "rb") as fh:
+            h.update(name.encode() + b"\0" + fh.read())
     return h.hexdigest()
 
 
