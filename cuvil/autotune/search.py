@@ -5,7 +5,8 @@
   (mutations of one or two knobs, crossovers) and fresh random ones, ranked by the cost
   model (:class:`cuvil.autotune.model.BoostedTrees` on :meth:`Space.features`), which is
   refitted on every measurement after each batch; a quarter of each batch (at least one)
-  is random, so the model also learns where it is wrong.  Before the model has four correct
+  is random, so the model also learns where it is wrong (random, but not where the model
+  expects a failure: builds that time out cost a whole batch's wait).  Before the model has four correct
   measurements, candidates are ranked by the space's prior score (:meth:`Space.prior`).
   As the budget (``budget``: the trials the tuner will spend) runs out, the search exploits
   more: fewer random candidates, and a growing share of each batch (up to half) goes to the
@@ -154,6 +155,20 @@ class EvolutionarySearch(Search):
                 break
             if self._fresh(cands[k], taken):
                 out.append(cands[k])
+        return out + self._explore(n - len(out), taken)
+
+    def _explore(self, n: int, taken: set[str]) -> list[Config]:
+        """``n`` random configurations, leaving out those the model expects to fail (scored below every correct
+        measurement: the model scores failures there), unless too few others are left."""
+        if n <= 0:
+            return []
+        ok = [y for _, y in self.history if y is not None]
+        pool = [self.space.sample(self.rng) for _ in range(20 * n + 20)]
+        scores = self._score(pool)
+        out: list[Config] = []
+        for c, sc in zip(pool, scores):
+            if len(out) < n and sc >= min(ok) and self._fresh(c, taken):
+                out.append(c)
         return out + self._random(n - len(out), taken)
 
     def _local(self, n: int, taken: set[str]) -> list[Config]:
