@@ -198,6 +198,19 @@ def test_late_search_exploits_the_neighbours_of_the_best() -> None:
     assert sum(config_hash(c) in tops for c in batch) >= 3 and len(batch) == 8
 
 
+def test_exploration_avoids_what_the_model_expects_to_fail() -> None:
+    args = matmul(128, 128, 128)
+    space = Space(args, "llvm", 1)
+    rng = random.Random(1)
+    s = EvolutionarySearch(space, seed=1)
+    for _ in range(40):  # tiles of 9 rows or more fail (as builds that isl chokes on would)
+        c = space.sample(rng)
+        s.observe(c, None if c["C"]["mr"] >= 9 else 1e-3 * (1 + c["C"]["nr"] / 64))
+    assert s._fit()
+    picked = s._explore(12, set())
+    assert len(picked) == 12 and sum(c["C"]["mr"] >= 9 for c in picked) <= 2  # drawn at random: about 5
+
+
 def test_translate_renames_stages_and_axes() -> None:
     args = matmul(128, 128, 128)
     w = workload_of(args)
