@@ -94,32 +94,40 @@ class InferenceSession:
         return [results[n] for n in output_names]
 
     # -- exporting -------------------------------------------------------------------------
-    def export_library(self, path: str | os.PathLike[str], input_shapes: Mapping[str, Sequence[int]] | None = None,
+    def export_library(self, path: str | os.PathLike[str],
+                       input_shapes: Mapping[str, Sequence[int]] | Sequence[Mapping[str, Sequence[int]]] | None = None,
                        *, prefix: str | None = None, cc: str | None = None) -> str:
         """Write the model as one shared library at ``path`` and a C header beside it (``.h``).
 
         The library is compiled for fixed input shapes: the model's own, or ``input_shapes``
         ({name: shape}) where it has symbolic dimensions, or else the one signature this session has
-        compiled (by a run or an export), if it has exactly one.  Its C symbols start with ``prefix``
-        (default: the file name, ``model.so`` -> ``model_run``); ``cc`` links it (a cross
-        compiler for another target).  ``cuvil.runtime.load(path)`` runs it from Python without
-        islpy or llvmlite; docs/export.md shows it from C.  Returns the library's path.
+        compiled (by a run or an export), if it has exactly one.  A list of such dicts compiles one
+        signature each into the same library: the model's symbolic sizes (e.g. a batch ``N``) are
+        then the first arguments of its C functions (``model_run(N, x, y)``), which pick the
+        signature (status 3 for sizes not compiled).  Its C symbols start with ``prefix`` (default:
+        the file name, ``model.so`` -> ``model_run``); ``cc`` links it (a cross compiler for
+        another target).  ``cuvil.runtime.load(path)`` runs it from Python without islpy or
+        llvmlite; docs/export.md shows it from C.  Returns the library's path.
         """
-        from cuvil.graph.export import TensorSpec, export_graph, resolve_shapes
+        from cuvil.graph.export import export_graph, resolve_signatures
 
         ran_with = [dict(shapes) for (shapes, values), prog in self._cache.items() if prog is not None and not values]
-        shapes = resolve_shapes(self._feeds, dict(input_shapes) if isinstance(input_shapes, Mapping)
-                                else input_shapes, ran_with)
-        try:
-            prog = self._compiled(shapes, {}) if not self._specialised else None
-        except _Retry:
-            prog = None
-        if prog is None:
-            raise ShapeError(f"the value of input(s) {', '.join(sorted(repr(n) for n in self._specialised))} "
-                             "decides a shape in this model; a library is compiled for input shapes only, so "
-                             "this model cannot be exported")
-        inputs = [TensorSpec(v.name, v.dtype or "float32", tuple(shapes[v.name])) for v in self._feeds]
-        return export_graph(prog, inputs, path, self.target, prefix=prefix, cc=cc, name=self._graph.name)
+        signatures, sizes = resolve_signatures(self._feeds, dict(input_shapes) if isinstance(input_shapes, Mapping)
+                                               else input_shapes, ran_with)
+        progs = []
+        for shapes in signatures:
+            try:
+                prog = self._compiled(shapes, {}) if not self._specialised else None
+            except _Retry:
+                prog = None
+            if prog is None:
+                raise ShapeError(f"the value of input(s) {', '.join(sorted(repr(n) for n in self._specialised))} "
+                                 "decides a shape in this model; a library is compiled for input shapes only, so "
+                                 "this model cannot be exported")
+            progs.append(prog)
+        return export_graph(progs, self._feeds, signatures, path, self.target, sizes=sizes,
+                            declared_outputs={v.name: v.shape for v in self._graph.outputs}, prefix=prefix, cc=cc,
+                            name=self._graph.name)
 
     def _compiled(self, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray],
                   allow_defer: bool = False) -> Any:

@@ -224,7 +224,8 @@ def test_symbolic_shapes_need_input_shapes(tmp_path):
         ({"x": (1, 3, 16, 8)}, cuvil.ShapeError, "dimension 3 must be 16"),
         ({"x": (1, 3, 16, 16.0)}, cuvil.ShapeError, "must be a tuple of positive ints"),
         ({"x": (0, 3, 16, 16)}, cuvil.ShapeError, "must be a tuple of positive ints"),
-        ([("x", (1, 3, 16, 16))], cuvil.ArgumentError, "input_shapes must be a dict"),
+        ([("x", (1, 3, 16, 16))], cuvil.ArgumentError, "input_shapes[0] must be a dict"),
+        ("x", cuvil.ArgumentError, "input_shapes must be a dict {input name: shape} (or a list of them"),
     ]:
         with pytest.raises(err) as e:
             s.export_library(tmp_path / "m.so", input_shapes=shapes)

@@ -22,7 +22,8 @@ from cuvil.runtime import threads
 from cuvil.runtime.call import CFUNC, CallPlan, NativeFunction
 from cuvil.runtime.meta import ABI_VERSION
 
-MODEL_ABI = 1  # cuvil.graph.export.MODEL_ABI (not imported: that module needs the compiler)
+MODEL_ABIS = (1, 2)  # cuvil.graph.export: MODEL_ABI (fixed shapes), SIZES_ABI (symbolic sizes first); not
+# imported: that module needs the compiler
 
 
 class LoadedModule(NativeFunction):
@@ -62,14 +63,17 @@ class TensorArg:
     type: str
 
 
-_STATUS = {1: "out of memory (its workspace or a kernel's temporary buffer)", 2: "a NULL input or output pointer"}
+_STATUS = {1: "out of memory (its workspace or a kernel's temporary buffer)", 2: "a NULL input or output pointer",
+           3: "no compiled signature for these sizes"}
 
 
 class LoadedModel:
     """A model from ``InferenceSession.export_library``: ``run(output_names, feeds)`` like the session.
 
-    Inputs must have the shapes and dtypes the library was compiled for (``get_inputs()``); a run
-    is one native call that writes every output into new numpy arrays.
+    Inputs must have the shapes and dtypes the library was compiled for (``get_inputs()``; a
+    library of several signatures shows its symbolic sizes by name, like onnxruntime, and picks
+    the signature from the fed shapes); a run is one native call that writes every output into
+    new numpy arrays.
     """
 
     def __init__(self, path: str, lib: Any, prefix: str):
@@ -77,30 +81,36 @@ class LoadedModel:
         self._lib = lib
         self.prefix = prefix
         self.meta = _read_json(lib, f"{prefix}_meta", path)
-        if self.meta.get("abi") != MODEL_ABI or self.meta.get("kind") != "model":
+        if self.meta.get("abi") not in MODEL_ABIS or self.meta.get("kind") != "model":
             raise ArgumentError(f"{path} is a cuvil model of ABI {self.meta.get('abi')}; this runtime reads "
-                                f"{MODEL_ABI}")
-        self._inputs = [(t["name"], tuple(t["shape"]), np.dtype(t["dtype"]), t["type"]) for t in self.meta["inputs"]]
-        self._outputs = [(t["name"], tuple(t["shape"]), np.dtype(t["dtype"]), t["type"])
+                                f"{' and '.join(map(str, MODEL_ABIS))}")
+        self._inputs = [(t["name"], _shape(t["shape"]), np.dtype(t["dtype"]), t["type"]) for t in self.meta["inputs"]]
+        self._outputs = [(t["name"], _shape(t["shape"]), np.dtype(t["dtype"]), t["type"])
                          for t in self.meta["outputs"]]
+        self._sizes = self.meta.get("sizes", [])
+        # the sizes' values -> (input shapes, output shapes) of that signature
+        self._signatures = {tuple(s["sizes"]): ([tuple(x) for x in s["inputs"]], [tuple(y) for y in s["outputs"]])
+                            for s in self.meta.get("signatures", [])}
         self._in_ptrs = ctypes.c_void_p * max(1, len(self._inputs))
         self._out_ptrs = ctypes.c_void_p * max(1, len(self._outputs))
+        self._size_values = ctypes.c_int64 * max(1, len(self._sizes))
         self._run = _symbol(lib, f"{prefix}_run_array", path)
         self._run.restype = ctypes.c_int32
-        self._run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self._run.argtypes = [ctypes.c_void_p] * (4 if self._sizes else 3)
         setter = _symbol(lib, f"{prefix}_set_num_threads", path)
         threads.register(self, threads.SETTER(ctypes.cast(setter, ctypes.c_void_p).value))
 
     def __repr__(self) -> str:
         ins = ", ".join(f"{n}: {d.name}{list(s)}" for n, s, d, _ in self._inputs)
-        outs = ", ".join(f"{n}: {d.name}{list(s)}" for n, s, d, _ in self._outputs)
-        return f"<cuvil LoadedModel ({ins}) -> ({outs}) from {self.path}>"
+        outs = ", ".join(f"{n}: {d.name}{list(s) if s is not None else '[?]'}" for n, s, d, _ in self._outputs)
+        sigs = f" for {self._compiled_sizes()}" if self._sizes else ""
+        return f"<cuvil LoadedModel ({ins}) -> ({outs}){sigs} from {self.path}>"
 
     def get_inputs(self) -> list[TensorArg]:
         return [TensorArg(n, list(s), t) for n, s, _, t in self._inputs]
 
     def get_outputs(self) -> list[TensorArg]:
-        return [TensorArg(n, list(s), t) for n, s, _, t in self._outputs]
+        return [TensorArg(n, list(s) if s is not None else None, t) for n, s, _, t in self._outputs]  # type: ignore
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None
             ) -> list[np.ndarray]:
@@ -114,14 +124,42 @@ class LoadedModel:
             if n not in names:
                 raise ArgumentError(f"{n!r} is not an output of the model; outputs: {', '.join(names)}")
         feeds = self._check_feeds(input_feed)
-        outs = [np.empty(s, d) for _, s, d, _ in self._outputs]
+        if self._sizes:
+            values = self._signature_of(feeds)
+            out_shapes = self._signatures[values][1]
+        else:
+            out_shapes = [s for _, s, _, _ in self._outputs]
+        outs = [np.empty(s, d) for s, (_, _, d, _) in zip(out_shapes, self._outputs)]
         ins = self._in_ptrs(*[a.ctypes.data for a in feeds])
         ptrs = self._out_ptrs(*[a.ctypes.data for a in outs])
-        rc = self._run(ctypes.addressof(ins), ctypes.addressof(ptrs), None)
+        if self._sizes:
+            sizes = self._size_values(*values)
+            rc = self._run(ctypes.addressof(sizes), ctypes.addressof(ins), ctypes.addressof(ptrs), None)
+        else:
+            rc = self._run(ctypes.addressof(ins), ctypes.addressof(ptrs), None)
         if rc:
             raise CuvilError(f"{self.path}: the model failed with status {rc}: {_STATUS.get(rc, 'unknown status')}")
         by_name = dict(zip(names, outs))
         return [by_name[n] for n in output_names]
+
+    def _compiled_sizes(self) -> str:
+        """``N=1; N=4``: the sizes of every signature."""
+        return "; ".join(", ".join(f"{s['name']}={v}" for s, v in zip(self._sizes, vals))
+                         for vals in self._signatures)
+
+    def _signature_of(self, feeds: list[np.ndarray]) -> tuple[int, ...]:
+        """The sizes of the fed shapes (checked against every input's symbolic shape), which must be compiled."""
+        values = tuple(int(feeds[s["dims"][0][0]].shape[s["dims"][0][1]]) for s in self._sizes)
+        got = ", ".join(f"{s['name']}={v}" for s, v in zip(self._sizes, values))
+        if values not in self._signatures:
+            fed = ", ".join(f"{n!r} {list(a.shape)}" for (n, *_), a in zip(self._inputs, feeds))
+            raise ShapeError(f"{self.path} has no compiled signature for {got} (inputs {fed}); it was compiled "
+                             f"for {self._compiled_sizes()}: export it again with input_shapes=[...] that lists "
+                             "these sizes too")
+        for (n, *_), a, want in zip(self._inputs, feeds, self._signatures[values][0]):
+            if a.shape != want:
+                raise ShapeError(f"input {n!r}: the signature {got} has shape {list(want)}, got {list(a.shape)}")
+        return values
 
     def _check_feeds(self, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
         if not isinstance(input_feed, Mapping):
@@ -135,6 +173,7 @@ class LoadedModel:
         if missing:
             raise ArgumentError(f"missing input(s) {', '.join(repr(n) for n in missing)}")
         out = []
+        symbols: dict[str, tuple[int, str]] = {}
         for n, shape, dtype, type_str in self._inputs:
             a = input_feed[n]
             if isinstance(a, np.generic):
@@ -144,9 +183,22 @@ class LoadedModel:
             if a.dtype != dtype:
                 raise DTypeError(f"input {n!r}: expected {type_str} ({dtype.name}), got {a.dtype.name}; cuvil "
                                  "does not cast inputs")
-            if a.shape != shape:
+            if not self._sizes and a.shape != shape:
                 raise ShapeError(f"input {n!r}: the library was compiled for shape {list(shape)}, got "
                                  f"{list(a.shape)}; export it again with input_shapes= for other shapes")
+            if self._sizes:
+                if a.ndim != len(shape):
+                    raise ShapeError(f"input {n!r}: expected rank {len(shape)} {list(shape)}, got shape "
+                                     f"{list(a.shape)}")
+                for d, (want, got) in enumerate(zip(shape, a.shape)):
+                    if isinstance(want, int) and want != got:
+                        raise ShapeError(f"input {n!r}: dimension {d} must be {want}, got {got} (shape "
+                                         f"{list(a.shape)})")
+                    if isinstance(want, str):
+                        if want in symbols and symbols[want][0] != got:
+                            raise ShapeError(f"input {n!r}: dimension {d} ({want}) is {got}, but {want} is "
+                                             f"{symbols[want][0]} in input {symbols[want][1]!r}")
+                        symbols.setdefault(want, (got, n))
             out.append(np.ascontiguousarray(a))
         return out
 
@@ -155,6 +207,11 @@ class LoadedModel:
         setter = getattr(self, "_threads_setter", None)
         if setter is not None:
             setter(n)
+
+
+def _shape(shape: Any) -> Any:
+    """A tensor's shape from the meta: a tuple of ints and size names (``None`` if it has no one form)."""
+    return None if shape is None else tuple(shape)
 
 
 _OPENED: dict[str, tuple[tuple[int, ...], Any]] = {}  # absolute path -> (file identity, library)
