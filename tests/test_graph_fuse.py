@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from cuvil.frontend.onnx import compile_graph, import_model  # noqa: E402
 from cuvil.graph.fuse import fusion_groups, groups_str  # noqa: E402
-from cuvil.graph.passes import optimize  # noqa: E402
+from cuvil.graph.passes import PASSES, optimize  # noqa: E402
 
 rng = np.random.default_rng(0)
 
@@ -24,14 +24,22 @@ def _model(nodes, inputs, outputs, inits):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _groups(model):
-    g = optimize(import_model(model))
+def _nchw(g):
+    """The graph passes but the channels-last layout (these tests look at ONNX's own ops)."""
+    for name, p in PASSES:
+        if name != "channels last":
+            g = p(g)
+    return g
+
+
+def _groups(model, layout=False):
+    g = (optimize if layout else _nchw)(import_model(model))
     return g, [[g.nodes[k].op_type for k in grp.members] for grp in fusion_groups(g)]
 
 
-def _check(model, feeds, rtol=1e-4):
+def _check(model, feeds, rtol=1e-4, layout=False):
     """Fused and unfused compiles both match onnxruntime; returns (fused, unfused) programs."""
-    g = optimize(import_model(model))
+    g = (optimize if layout else _nchw)(import_model(model))
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
     progs = []
@@ -115,6 +123,12 @@ def test_clip6_after_depthwise_and_pointwise_convs():
     assert groups == [["Conv", "Clip"], ["Conv", "Clip"]]
     fused, unfused = _check(model, feeds)
     assert (fused.n_calls, unfused.n_calls) == (2, 4)
+    # channels-last (the model has a depthwise conv): the same groups over NHWC kernels; y, a graph
+    # output, is computed NCHW after a Transpose back
+    _, groups = _groups(model, layout=True)
+    assert groups == [["CuvilConvNHWC", "Clip"], ["CuvilConvNHWC"], ["Transpose", "Clip"]]
+    fused, unfused = _check(model, feeds, layout=True)
+    assert (fused.n_calls, unfused.n_calls) == (3, 5)
 
 
 def test_shared_or_returned_intermediates_are_not_fused_into_one_reader():
@@ -166,7 +180,7 @@ def test_element_wise_chain_on_a_graph_input_and_a_broadcasting_member():
 
 def test_profile_times_every_call():
     model, feeds = _conv_residual(8, 8)
-    g = optimize(import_model(model))
+    g = _nchw(import_model(model))
     prog = compile_graph(g, {"x": (1, 8, 8, 8)}, {}, "llvm")
     prof = prog.profile(feeds, repeat=3)
     assert [c.label.split(" ")[0] for c in prof.calls] == ["Conv+Relu", "Conv+Add+Relu"]

@@ -31,7 +31,7 @@ def _check(model, feeds, expect_ops):
     g = optimize(import_model(model), dump=lambda name, gr: dumps.append((name, graph_str(gr))))
     assert sorted(n.op_type for n in g.nodes) == sorted(expect_ops), graph_str(g)
     assert [d[0] for d in dumps] == ["remove identities", "fold batch normalization", "common subexpressions",
-                                     "dead nodes", "depthwise padding"]
+                                     "dead nodes", "channels last"]
     prog = compile_graph(g, {k: v.shape for k, v in feeds.items()}, {}, "llvm")
     got = prog.run(feeds)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -77,16 +77,29 @@ def test_identity_chain_into_a_graph_output():
     _check(model, {"x": rng.standard_normal((4, 4)).astype(np.float32)}, ["Relu", "Identity"])
 
 
-def test_padded_depthwise_convs_get_a_pad_node_of_their_own_unless_strided():
-    c = 12
-    inits = {"W": rng.standard_normal((c, 1, 3, 3)), "B": rng.standard_normal(c), "W5": rng.standard_normal((c, 1, 5, 5)),
-             "lo": np.array(0.0), "hi": np.array(6.0)}
+def test_models_with_depthwise_convs_compute_channels_last():
+    c = 24
+    inits = {"Ws": rng.standard_normal((c, 3, 3, 3)) * 0.3, "Bs": rng.standard_normal(c),
+             "Wd": rng.standard_normal((c, 1, 3, 3)), "Bd": rng.standard_normal(c),
+             "Wp": rng.standard_normal((16, c, 1, 1)) * 0.3,  # fewer filters than a vector panel
+             "We": rng.standard_normal((40, 16, 1, 1)) * 0.3, "Be": rng.standard_normal(40),
+             "W5": rng.standard_normal((40, 1, 5, 5)) * 0.3,
+             "Wq": rng.standard_normal((16, 40, 1, 1)) * 0.3, "lo": np.array(0.0), "hi": np.array(6.0)}
     nodes = [
-        helper.make_node("Conv", ["x", "W", "B"], ["d1"], group=c, pads=[1, 1, 1, 1]),
-        helper.make_node("Clip", ["d1", "lo", "hi"], ["r1"]),
-        helper.make_node("Conv", ["r1", "W5"], ["d2"], group=c, pads=[2, 1, 2, 3]),  # asymmetric
-        helper.make_node("Conv", ["d2", "W"], ["y"], group=c, pads=[1, 1, 1, 1], strides=[2, 2]),  # keeps its pads
+        helper.make_node("Conv", ["x", "Ws", "Bs"], ["s"], pads=[1, 1, 1, 1], strides=[2, 2]),  # reads NCHW
+        helper.make_node("Clip", ["s", "lo", "hi"], ["s6"]),
+        helper.make_node("Conv", ["s6", "Wd", "Bd"], ["d"], group=c, pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["d"], ["dr"]),
+        helper.make_node("Conv", ["dr", "Wp"], ["p"]),
+        helper.make_node("Conv", ["p", "We", "Be"], ["e"]),
+        helper.make_node("Conv", ["e", "W5"], ["e5"], group=40, pads=[2, 1, 2, 3]),  # 5x5, asymmetric pads
+        helper.make_node("Conv", ["e5", "Wq"], ["q"]),
+        helper.make_node("Add", ["q", "p"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["m"], kernel_shape=[2, 2], strides=[2, 2]),  # reads NCHW again
+        helper.make_node("GlobalAveragePool", ["r"], ["gap"]),
+        helper.make_node("Relu", ["r"], ["y"]),  # a graph output: NCHW
     ]
-    model = _model(nodes, [("x", [1, c, 9, 11])], ["y"], inits)
-    _check(model, {"x": rng.standard_normal((1, c, 9, 11)).astype(np.float32)},
-           ["Pad", "Conv", "Clip", "Pad", "Conv", "Conv"])
+    model = _model(nodes, [("x", [1, 3, 17, 18])], ["m", "gap", "y"], inits)
+    _check(model, {"x": rng.standard_normal((1, 3, 17, 18)).astype(np.float32)},
+           ["CuvilConvNHWC", "Clip", "CuvilConvNHWC", "Relu", "CuvilConvNHWC", "CuvilConvNHWC", "CuvilConvNHWC",
+            "CuvilConvNHWC", "Add", "Transpose", "MaxPool", "CuvilGlobalAveragePoolNHWC", "Relu"])

@@ -60,6 +60,7 @@ def supported_ops() -> list[str]:
 
 def _load_families() -> None:
     from cuvil.frontend import (  # noqa: F401
+        onnx_ops_layout,
         onnx_ops_math,
         onnx_ops_nn,
         onnx_ops_reduce,

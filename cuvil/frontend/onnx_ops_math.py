@@ -204,10 +204,13 @@ def clip(ctx: NodeCtx) -> list:
         else:
             lo = te.const(float(lo_attr), x.dtype) if lo_attr is not None else te.const(-3.4028234663852886e38, x.dtype)
             hi = te.const(float(hi_attr), x.dtype) if hi_attr is not None else te.const(3.4028234663852886e38, x.dtype)
+        # max/min, not selects: in a vector loop a select whose sides read memory is evaluated lane by
+        # lane (so that the unchosen side never reads out of bounds), and as the epilogue of a fused
+        # kernel the whole body would be; max/min stay vector code.  Both keep a NaN input NaN.
         if lo is not None:
-            x = te.if_then_else(x < lo, lo, x)
+            x = te.max(x, lo)
         if hi is not None:
-            x = te.if_then_else(x > hi, hi, x)
+            x = te.min(x, hi)
         return x
 
     return [elementwise(ctx, ins, f)]

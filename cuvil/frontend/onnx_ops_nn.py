@@ -125,9 +125,9 @@ def _depthwise_taps(X: Tensor, w_read: Any, shape: tuple[int, ...], kernel: list
     element-wise stage that sums its window's taps:
     ``Y[n, m, y, x] = sum_(ky, kx) X[n, m, y*s + ky, x*s + kx] * W[m, 0, ky, kx]``.  With no reduction
     axis it is vectorised along ``x`` and takes bias and activation into the same loop (as a
-    reduction over the window it got a scalar loop nest and a buffer of its own).  Padding is a node
-    of its own before it (:func:`cuvil.graph.passes.split_depthwise_padding`): inside this loop it
-    would guard every tap."""
+    reduction over the window it got a scalar loop nest and a buffer of its own).  Padded ones keep the
+    reduction (a bounds test per tap is evaluated lane by lane); in models with depthwise
+    convolutions :func:`cuvil.graph.passes.channels_last` makes them NHWC kernels instead."""
     import itertools
 
     n_sp = len(kernel)

@@ -1,0 +1,144 @@
+"""Channels-last (NHWC) kernels that :func:`cuvil.graph.passes.channels_last` puts in place of 2-D
+convolutions in models with depthwise convolutions (MobileNet-style).  They are cuvil's own ops,
+not ONNX's (the pass names them, no model does):
+
+- ``CuvilConvNHWC(x, W[, b]; group, strides, pads, dilations, in_layout)``: ``x`` is NHWC, or NCHW
+  with ``in_layout="NCHW"`` (a network's first convolution reads the model's input); ``W`` is ONNX's
+  ``(M, C / group, kh, kw)`` constant; the output is NHWC ``(N, H', W', M)``.  Only ``group == 1``
+  and depthwise (``group == C == M``) convolutions.
+- ``CuvilGlobalAveragePoolNHWC(x)``: NHWC in, ``(N, C, 1, 1)`` out (the same bytes as NHWC).
+
+Why: with channels innermost, a depthwise convolution is vectorised over channels with unit-stride
+loads whatever its stride, and its padding tests depend only on the pixel (one branch per vector,
+not a bound test per lane); a 1x1 convolution is a plain matmul ``(pixels, C) x (C, M)`` with the
+weights as the constant vector operand (no per-call packing of the activations), and every output
+is stored with unit stride.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from cuvil import te
+from cuvil.frontend.onnx_ops import NodeCtx, Shaped, op
+from cuvil.frontend.onnx_ops_nn import _float_input, _window
+
+
+def _weights(ctx: NodeCtx, w: np.ndarray) -> Any:
+    """Constant ``W[m, c, ky, kx]`` as a read function of ``(m, c, ky, kx)`` with ``m`` in unit stride:
+    panels ``[m // P, c, ky, kx, m % P]`` of two target vectors, or ``[c, ky, kx, m]`` when ``m < P``."""
+    tgt = ctx.target
+    p = 2 * max(4, (tgt.vector_bits if tgt is not None else 256) // (8 * w.dtype.itemsize))
+    m = w.shape[0]
+    if m < p:
+        wt = ctx.constant(np.ascontiguousarray(np.moveaxis(w, 0, -1)), keyed=False)
+        return lambda idx: wt[tuple(idx[1:]) + (idx[0],)]
+    q = -(-m // p)
+    full = np.zeros((q * p,) + w.shape[1:], w.dtype)
+    full[:m] = w
+    wp = ctx.constant(np.ascontiguousarray(np.moveaxis(full.reshape((q, p) + w.shape[1:]), 1, -1)), keyed=False)
+    return lambda idx: wp[(idx[0] // p,) + tuple(idx[1:]) + (idx[0] % p,)]
+
+
+@op("CuvilConvNHWC")
+def conv_nhwc(ctx: NodeCtx) -> list:
+    _float_input(ctx)
+    nchw_in = ctx.attr("in_layout", "NHWC") == "NCHW"
+    xs = ctx.shape(0)
+    if len(xs) != 4 or not ctx.known(1) or len(ctx.shape(1)) != 4:
+        raise ctx.error(f"input {list(xs)} and weights {list(ctx.shape(1))}: a 2-D convolution with constant "
+                        "weights")
+    n, c, h, w_ = (xs[0], xs[1], xs[2], xs[3]) if nchw_in else (xs[0], xs[3], xs[1], xs[2])
+    w = np.asarray(ctx.entries[1])
+    m, cg, kh, kw = w.shape
+    g = int(ctx.attr("group", 1))
+    depthwise = g == c == m and cg == 1
+    if not depthwise and (g != 1 or cg != c):
+        raise ctx.unsupported(f"group={g} with {c} input channels and weights {list(w.shape)}")
+    has_bias = ctx.has(2)
+    strides, dil, begin, out = _window(ctx, (h, w_), [kh, kw])
+    oh, ow = out
+    b = ctx.tensor(2) if has_bias else None
+    if not depthwise and kh == kw == 1 and strides == [1, 1] and not any(begin) and (oh, ow) == (h, w_) and not nchw_in:
+        X = ctx.tensor(0, (n * h * w_, c))
+        wr = _weights(ctx, w)
+        rc = te.reduce_axis((0, c), name="rc")
+        y = te.compute((n * h * w_, m), lambda q, f: te.sum(X[q, rc] * wr((f, rc, 0, 0)), axis=rc), name="conv1x1")
+        if b is not None:
+            y = te.compute((n * h * w_, m), lambda q, f: y[q, f] + b[f], name="conv_bias")
+        return [Shaped(y, (n, oh, ow, m))]
+    X = ctx.tensor(0)
+
+    def read(n_: Any, y: Any, x: Any, c_: Any) -> Any:
+        return X[n_, c_, y, x] if nchw_in else X[n_, y, x, c_]
+
+    def tap(n_: Any, y: Any, x: Any, c_: Any, ky: int, kx: int) -> Any:
+        """The input under tap (ky, kx) of output pixel (y, x), zero in the padding (tested only for
+        the taps that can reach it; the test is the same for every channel: one branch per vector)."""
+        py, px = y * strides[0] + ky * dil[0] - begin[0], x * strides[1] + kx * dil[1] - begin[1]
+        conds = []
+        if ky * dil[0] < begin[0]:
+            conds.append(py >= 0)
+        if (oh - 1) * strides[0] + ky * dil[0] - begin[0] >= h:
+            conds.append(py < h)
+        if kx * dil[1] < begin[1]:
+            conds.append(px >= 0)
+        if (ow - 1) * strides[1] + kx * dil[1] - begin[1] >= w_:
+            conds.append(px < w_)
+        v = read(n_, py, px, c_)
+        return te.if_then_else(te.all(*conds), v, te.const(0, X.dtype)) if conds else v
+
+    if depthwise:
+        wt = ctx.constant(np.ascontiguousarray(w[:, 0].transpose(1, 2, 0)), keyed=False)  # (kh, kw, C)
+
+        def dw_body(n_: Any, y: Any, x: Any, c_: Any) -> Any:
+            acc = None
+            for ky, kx in itertools.product(range(kh), range(kw)):
+                t = tap(n_, y, x, c_, ky, kx) * wt[ky, kx, c_]
+                acc = t if acc is None else acc + t
+            return acc if b is None else acc + b[c_]
+
+        return [te.compute((n, oh, ow, m), dw_body, name="conv_dw")]
+    end = [max(0, (o - 1) * st + d * (k - 1) + 1 - bg - size)
+           for o, st, d, k, bg, size in zip(out, strides, dil, (kh, kw), begin, (h, w_))]
+    if any(begin) or any(end):
+        # a padded copy, computed once per call (the reduction reads each element kh * kw times)
+        src = X
+
+        def pad_body(n_: Any, a: Any, bb: Any, cc: Any) -> Any:
+            y, x, ch = (bb, cc, a) if nchw_in else (a, bb, cc)
+            inside = te.all(y >= begin[0], y < h + begin[0], x >= begin[1], x < w_ + begin[1])
+            v = src[n_, ch, y - begin[0], x - begin[1]] if nchw_in else src[n_, y - begin[0], x - begin[1], ch]
+            return te.if_then_else(inside, v, te.const(0, src.dtype))
+
+        ph, pw = h + begin[0] + end[0], w_ + begin[1] + end[1]
+        X = te.compute((n, c, ph, pw) if nchw_in else (n, ph, pw, c), pad_body, name="conv_pad")
+    wr = _weights(ctx, w)
+    rc = te.reduce_axis((0, c), name="rc")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+
+    def body(n_: Any, y: Any, x: Any, f: Any) -> Any:
+        py, px = y * strides[0] + ry * dil[0], x * strides[1] + rx * dil[1]  # (in the padded copy)
+        v = X[n_, rc, py, px] if nchw_in else X[n_, py, px, rc]
+        return te.sum(v * wr((f, rc, ry, rx)), axis=[rc, ry, rx])
+
+    y = te.compute((n, oh, ow, m), body, name="conv")
+    if b is not None:
+        y = te.compute((n, oh, ow, m), lambda n_, yy, xx, f: y[n_, yy, xx, f] + b[f], name="conv_bias")
+    return [y]
+
+
+@op("CuvilGlobalAveragePoolNHWC")
+def global_average_pool_nhwc(ctx: NodeCtx) -> list:
+    _float_input(ctx)
+    n, h, w, c = ctx.shape(0)
+    X = ctx.tensor(0, (n, h * w, c))
+    r = te.reduce_axis((0, h * w), name="r")
+    s = te.compute((n, c), lambda i, ch: te.sum(X[i, r, ch], axis=r), name="gap_sum")
+    y = te.compute((n, c), lambda i, ch: s[i, ch] * (1.0 / (h * w)), name="gap")
+    return [Shaped(y, (n, c, 1, 1))]
+
