@@ -75,6 +75,9 @@ def test_header_documents_the_interface(resnet):
                  "void model_set_num_threads(int32_t n);", "int64_t model_workspace_size(void);",
                  "#define MODEL_INPUT_X_SHAPE {2, 3, 16, 16}", "Needs at run time: libc"):
         assert text in h, text
+    # a library of one fixed signature (ABI 1) has no sizes: no size arguments, no status 3
+    assert "int64_t N" not in h and "ERR_NO_SIGNATURE" not in h and "SIZE" not in h
+    assert load(lib).meta["abi"] == 1 and "sizes" not in load(lib).meta
     # every symbol the library imports is named in the header
     nm = subprocess.run(["nm", "-D", str(lib)], capture_output=True, text=True, check=True).stdout
     imported = {line.split()[1].split("@")[0] for line in nm.splitlines() if line.split()[0] == "U"}
@@ -216,7 +219,8 @@ def test_outputs_known_at_compile_time_or_fed_through(tmp_path):
 def test_symbolic_shapes_need_input_shapes(tmp_path):
     s = connx.InferenceSession(resnet_block_model(16))
     with pytest.raises(cuvil.ShapeError, match=r"input 'x' has a symbolic shape \['batch', 3, 16, 16\] "
-                                               r"\(dimension 0 \(batch\)\).*input_shapes=\{'x': \(1, 3, 16, 16\)\}"):
+                                               r"\(dimension 0 \(batch\)\).*input_shapes=\{'x': \(1, 3, 16, 16\)\}\), "
+                                               "or a list of such dicts to compile several sizes"):
         s.export_library(tmp_path / "m.so")
     for shapes, err, text in [
         ({"y": (1, 3, 16, 16)}, cuvil.ArgumentError, "unknown input(s) 'y'"),

@@ -92,7 +92,8 @@ def resolve_shapes(feeds: Sequence[Any], input_shapes: Any = None,
                    f"({'; '.join(str(dict(r)) for r in ran_with[:4])}{' ...' if len(ran_with) > 4 else ''}), "
                    "so none is the current one" if ran_with else "")
             raise ShapeError(f"input {n!r} has a symbolic shape {list(s or [])} ({dims}){ran}; a library is "
-                             f"compiled for fixed shapes: pass export_library(path, input_shapes={{{example}}})")
+                             f"compiled for fixed shapes: pass export_library(path, input_shapes={{{example}}}), "
+                             "or a list of such dicts to compile several sizes into it (passed from C as integers)")
     if not isinstance(input_shapes, dict):
         raise ArgumentError(f"input_shapes must be a dict {{input name: shape}} (or a list of them, one per "
                             f"signature), got {type(input_shapes).__name__}")

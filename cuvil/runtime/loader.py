@@ -148,15 +148,34 @@ class LoadedModel:
                          for vals in self._signatures)
 
     def _signature_of(self, feeds: list[np.ndarray]) -> tuple[int, ...]:
-        """The sizes of the fed shapes (checked against every input's symbolic shape), which must be compiled."""
-        values = tuple(int(feeds[s["dims"][0][0]].shape[s["dims"][0][1]]) for s in self._sizes)
+        """The sizes of the fed shapes, which must be those of a compiled signature (else the first
+        mistake: a rank, a fixed dimension, a size two inputs disagree on, sizes not compiled)."""
+        try:
+            values = tuple(int(feeds[s["dims"][0][0]].shape[s["dims"][0][1]]) for s in self._sizes)
+        except IndexError:
+            values = ()
+        sig = self._signatures.get(values)
+        if sig is not None and all(a.shape == want for a, want in zip(feeds, sig[0])):
+            return values
+        symbols: dict[str, tuple[int, str]] = {}
+        for (n, shape, _, _), a in zip(self._inputs, feeds):
+            if a.ndim != len(shape):
+                raise ShapeError(f"input {n!r}: expected rank {len(shape)} {list(shape)}, got shape {list(a.shape)}")
+            for d, (want, got) in enumerate(zip(shape, a.shape)):
+                if isinstance(want, int) and want != got:
+                    raise ShapeError(f"input {n!r}: dimension {d} must be {want}, got {got} (shape {list(a.shape)})")
+                if isinstance(want, str):
+                    if want in symbols and symbols[want][0] != got:
+                        raise ShapeError(f"input {n!r}: dimension {d} ({want}) is {got}, but {want} is "
+                                         f"{symbols[want][0]} in input {symbols[want][1]!r}")
+                    symbols.setdefault(want, (got, n))
         got = ", ".join(f"{s['name']}={v}" for s, v in zip(self._sizes, values))
-        if values not in self._signatures:
+        if sig is None:
             fed = ", ".join(f"{n!r} {list(a.shape)}" for (n, *_), a in zip(self._inputs, feeds))
             raise ShapeError(f"{self.path} has no compiled signature for {got} (inputs {fed}); it was compiled "
                              f"for {self._compiled_sizes()}: export it again with input_shapes=[...] that lists "
                              "these sizes too")
-        for (n, *_), a, want in zip(self._inputs, feeds, self._signatures[values][0]):
+        for (n, *_), a, want in zip(self._inputs, feeds, sig[0]):
             if a.shape != want:
                 raise ShapeError(f"input {n!r}: the signature {got} has shape {list(want)}, got {list(a.shape)}")
         return values
@@ -173,7 +192,6 @@ class LoadedModel:
         if missing:
             raise ArgumentError(f"missing input(s) {', '.join(repr(n) for n in missing)}")
         out = []
-        symbols: dict[str, tuple[int, str]] = {}
         for n, shape, dtype, type_str in self._inputs:
             a = input_feed[n]
             if isinstance(a, np.generic):
@@ -186,19 +204,6 @@ class LoadedModel:
             if not self._sizes and a.shape != shape:
                 raise ShapeError(f"input {n!r}: the library was compiled for shape {list(shape)}, got "
                                  f"{list(a.shape)}; export it again with input_shapes= for other shapes")
-            if self._sizes:
-                if a.ndim != len(shape):
-                    raise ShapeError(f"input {n!r}: expected rank {len(shape)} {list(shape)}, got shape "
-                                     f"{list(a.shape)}")
-                for d, (want, got) in enumerate(zip(shape, a.shape)):
-                    if isinstance(want, int) and want != got:
-                        raise ShapeError(f"input {n!r}: dimension {d} must be {want}, got {got} (shape "
-                                         f"{list(a.shape)})")
-                    if isinstance(want, str):
-                        if want in symbols and symbols[want][0] != got:
-                            raise ShapeError(f"input {n!r}: dimension {d} ({want}) is {got}, but {want} is "
-                                             f"{symbols[want][0]} in input {symbols[want][1]!r}")
-                        symbols.setdefault(want, (got, n))
             out.append(np.ascontiguousarray(a))
         return out
 
