@@ -261,3 +261,24 @@ def test_input_shapes_lists_are_checked(tmp_path):
     x = np.random.default_rng(5).standard_normal((3, 64)).astype(np.float32)
     np.testing.assert_allclose(load(lib).run(None, {"x": x})[0], _ort(mlp_model(), {"x": x})[0], rtol=RTOL,
                                atol=ATOL)
+
+
+def test_cross_exported_sizes_run_under_qemu(tmp_path):
+    """A library of two signatures for AArch64, linked with the cross compiler and the C example, runs
+    under qemu-aarch64: N=4 matches onnxruntime, N=2 is status 3."""
+    apt = "apt-get install -y gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
+    cross = require("aarch64-linux-gnu-gcc", apt)
+    qemu = require("qemu-aarch64", apt)
+    m = mlp_model()
+    s = connx.InferenceSession(m, target="llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76 -mattr=+neon")
+    s.export_library(tmp_path / "model.so", input_shapes=[{"x": (n, 64)} for n in BATCHES])
+    subprocess.run([cross, "-O2", "-Wall", "-Werror", "-o", "run_symbolic", EXAMPLE, "-I.", "-L.", "-l:model.so",
+                    "-Wl,-rpath,$ORIGIN"], check=True, cwd=tmp_path, capture_output=True, text=True)
+    x = np.random.default_rng(6).standard_normal((4, 64)).astype(np.float32)
+    x.tofile(tmp_path / "x.bin")
+    run = [qemu, "-L", "/usr/aarch64-linux-gnu", "./run_symbolic", "--out", "."]
+    proc = subprocess.run([*run, "N=4", "x.bin"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    y = np.fromfile(tmp_path / "output0.bin", np.float32).reshape(4, 32)
+    np.testing.assert_allclose(y, _ort(m, {"x": x})[0], rtol=RTOL, atol=ATOL)
+    assert subprocess.run([*run, "N=2"], cwd=tmp_path, capture_output=True, text=True).returncode == 3

@@ -81,13 +81,18 @@ def _shape_str(shape: Sequence[int]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def _c_dims(shape: Sequence[Any]) -> str:
-    """``[N][3][16][16]``: a shape with symbolic sizes as C array dimensions (``?`` for one with no name)."""
+def _c_dims(shape: Sequence[Any] | None) -> str:
+    """``[N][3][16][16]``: a shape with symbolic sizes as C array dimensions (``?`` for one with no name;
+    ``[...]`` for a rank that differs between signatures)."""
+    if shape is None:
+        return "[...]"
     return "".join(f"[{'?' if d is None else d}]" for d in shape)
 
 
-def _elements_expr(shape: Sequence[Any]) -> str:
+def _elements_expr(shape: Sequence[Any] | None) -> str:
     """``N*768``: the element count of a shape with symbolic sizes."""
+    if shape is None:
+        return "(see the shapes per signature)"
     const = math.prod(d for d in shape if isinstance(d, int))
     syms = ["?" if d is None else (d if re.fullmatch(r"\w+", d) else f"({d})") for d in shape
             if not isinstance(d, int)]
@@ -111,11 +116,13 @@ def model_header(meta: dict[str, Any], lib_name: str) -> str:
     in_ids = c_identifiers([t["name"] for t in ins], taken)
     out_ids = c_identifiers([t["name"] for t in outs], taken)
     width = max([len(t["name"]) for t in (*ins, *outs)] + [4])
+    types = max(len(C_TYPES[t["dtype"]] + _c_dims(t["shape"])) for t in (*ins, *outs))
 
     def rows(ts: list[dict[str, Any]], kind: str) -> list[str]:
         if sizes:
-            return [f" *   {kind}[{i}] {_comment(t['name']):<{width}} {C_TYPES[t['dtype']]}{_c_dims(t['shape'])}  "
-                    f"{_elements_expr(t['shape'])} elements, {t['type']}" for i, t in enumerate(ts)]
+            return [f" *   {kind}[{i}] {_comment(t['name']):<{width}} "
+                    f"{C_TYPES[t['dtype']] + _c_dims(t['shape']):<{types}}  {_elements_expr(t['shape'])} elements, "
+                    f"{t['type']}" for i, t in enumerate(ts)]
         return [f" *   {kind}[{i}] {_comment(t['name']):<{width}} {C_TYPES[t['dtype']]}{_shape_str(t['shape'])}  "
                 f"{math.prod(t['shape'])} elements, {t['type']}" for i, t in enumerate(ts)]
 
@@ -215,8 +222,8 @@ def model_header(meta: dict[str, Any], lib_name: str) -> str:
             m = f"{P}_{kind}_{ident.upper()}"
             if sizes:
                 shapes = [s["inputs" if kind == "INPUT" else "outputs"][j] for s in sigs]
-                lines += [f"#define {m}_RANK {len(t['shape'])}",
-                          f"#define {m}_MAX_ELEMENTS {max(math.prod(sh) for sh in shapes)}",
+                lines += [f"#define {m}_RANK {len(t['shape'])}"] if t["shape"] is not None else []
+                lines += [f"#define {m}_MAX_ELEMENTS {max(math.prod(sh) for sh in shapes)}",
                           f"#define {m}_SHAPES {_c_init(shapes)}"]
             else:
                 lines += [f"#define {m}_ELEMENTS {math.prod(t['shape'])}", f"#define {m}_RANK {len(t['shape'])}",
