@@ -196,17 +196,18 @@ def size_values(sizes: Sequence[SymbolicSize], shapes: Sequence[Sequence[int]]) 
     return tuple(int(shapes[s.dims[0][0]][s.dims[0][1]]) for s in sizes)
 
 
-def _symbolic_dim(values: Sequence[int], sizes: Sequence[SymbolicSize], size_values: Sequence[Sequence[int]],
+def _symbolic_dim(values: Sequence[int], sizes: Sequence[SymbolicSize], per_signature: Sequence[Sequence[int]],
                   declared: Any) -> int | str | None:
-    """How an output dimension with ``values`` (per signature) reads in the sizes: the declared name when
-    it matches, a constant, ``a*N+b`` for a size N it follows, else ``None``."""
+    """How an output dimension with ``values`` (per signature; ``per_signature``: the sizes' values) reads
+    in the sizes: the declared name when it matches, a constant, ``a*N+b`` for a size N it follows,
+    else ``None``."""
     for k, s in enumerate(sizes):
-        if declared == s.name and all(v == sv[k] for v, sv in zip(values, size_values)):
+        if declared == s.name and all(v == sv[k] for v, sv in zip(values, per_signature)):
             return s.name
     if len(set(values)) == 1:
         return int(values[0])
     for k, s in enumerate(sizes):
-        xs = [sv[k] for sv in size_values]
+        xs = [sv[k] for sv in per_signature]
         if len(set(xs)) < 2:
             continue
         x0, y0 = xs[0], values[0]
