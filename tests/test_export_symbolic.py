@@ -5,6 +5,7 @@ gcc -Wall -Werror) or by the fed shapes in cuvil.runtime.load; checked against o
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import textwrap
 
@@ -282,3 +283,24 @@ def test_cross_exported_sizes_run_under_qemu(tmp_path):
     y = np.fromfile(tmp_path / "output0.bin", np.float32).reshape(4, 32)
     np.testing.assert_allclose(y, _ort(m, {"x": x})[0], rtol=RTOL, atol=ATOL)
     assert subprocess.run([*run, "N=2"], cwd=tmp_path, capture_output=True, text=True).returncode == 3
+
+
+def test_a_kernel_inlined_into_its_signature_is_not_shared():
+    """O3 may inline a kernel, with its parallel body and thread-count global, into the entry that
+    calls it: such a copy keeps its own symbols, each once (a renamed duplicate, 'k1.num_threads.1',
+    would be a thread count that no setter reaches)."""
+    from cuvil.graph.export import _linked_modules
+
+    w = np.random.default_rng(7).standard_normal((256, 256)).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu"),
+             helper.make_node("MatMul", ["t", "w"], ["u"], name="mm")]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8]),
+                       helper.make_tensor_value_info("t", TensorProto.FLOAT, [256, 256])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8]),
+                helper.make_tensor_value_info("u", TensorProto.FLOAT, [256, 256])], [numpy_helper.from_array(w, "w")])
+    s = connx.InferenceSession(m)
+    progs = [s._compiled({"x": (n, 8), "t": (256, 256)}, {}) for n in BATCHES]
+    mod, _ = _linked_modules(progs, s.target, renamed=True)
+    names = [v.name for v in (*mod.functions, *mod.global_variables) if not v.is_declaration]
+    assert any(n.endswith(".num_threads") for n in names), names  # the matmul has a parallel loop
+    assert not [n for n in names if re.search(r"\.\d+$", n)], names

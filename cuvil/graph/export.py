@@ -361,18 +361,22 @@ def _linked_modules(progs: Sequence[Any], target: Any, renamed: bool) -> tuple[A
     signature k's symbols get the prefix ``s<k>.`` (kernel ``k3`` -> ``s1.k3``, with its
     ``k3_set_num_threads``, ``k3.par0``, ``k3.num_threads``; entry ``s1.graph``), and a kernel equal
     to one of an earlier signature takes that one's name: both are ``linkonce_odr``, so the linker
-    keeps the first and drops the copy with everything only it uses.
+    keeps the first and drops the copy with everything only it uses.  Not a kernel that O3 inlined
+    into its signature's entry with its internal parts (a parallel body, the thread-count global):
+    that inlined copy would keep its own thread count, which no setter reaches once the kernel's
+    setter is the shared one.
     """
     if not renamed:
         mod = _linked_module(progs[0], target)
         return mod, [progs[0].module.entry if progs[0].module is not None else "graph"]
     import llvmlite.binding as llvm
 
+    mods = [_linked_module(prog, target) for prog in progs]
+    entries_of = [prog.module.entry if prog.module is not None else "graph" for prog in progs]
+    inlined = [_inlined_kernels(mod, entry, prog) for mod, entry, prog in zip(mods, entries_of, progs)]
     merged = None
     entries = []
-    for k, (prog, names) in enumerate(zip(progs, kernel_names(progs))):
-        mod = _linked_module(prog, target)
-        entry = prog.module.entry if prog.module is not None else "graph"
+    for k, (mod, entry, names) in enumerate(zip(mods, entries_of, kernel_names(progs, inlined))):
         names = {entry: f"s{k}.{entry}", **names}
         for v in (*mod.functions, *mod.global_variables):
             if v.is_declaration:
@@ -392,9 +396,17 @@ def _linked_modules(progs: Sequence[Any], target: Any, renamed: bool) -> tuple[A
     return merged, entries
 
 
-def kernel_names(progs: Sequence[Any]) -> list[dict[str, str]]:
+def _inlined_kernels(mod: Any, entry: str, prog: Any) -> set[str]:
+    """The kernels whose internal symbols (``k3.par0``, ``k3.num_threads``) the entry or its thread
+    setter uses directly: O3 inlined them there."""
+    text = "".join(str(mod.get_function(n)) for n in (entry, f"{entry}_set_num_threads"))
+    return {f.name for f in (prog.kernel_funcs if prog.module is not None else ())
+            if re.search(rf'@"?{re.escape(f.name)}\.', text)}
+
+
+def kernel_names(progs: Sequence[Any], inlined: Sequence[set[str]] = ()) -> list[dict[str, str]]:
     """Per signature, each kernel's name in the module linking them all: ``s<k>.<name>``, or the name
-    of an equal kernel (the same loop IR) of an earlier signature."""
+    of an equal kernel (the same loop IR) of an earlier signature, unless ``inlined[k]`` holds it."""
     import pickle
 
     earlier: dict[bytes, str] = {}  # a kernel's loop IR without its name -> its name in the linked module
@@ -403,7 +415,8 @@ def kernel_names(progs: Sequence[Any]) -> list[dict[str, str]]:
         names, mine = {}, {}
         for f in (prog.kernel_funcs if prog.module is not None else ()):
             key = pickle.dumps(dataclasses.replace(f, name=""), protocol=pickle.HIGHEST_PROTOCOL)
-            names[f.name] = earlier.get(key, f"s{k}.{f.name}")
+            shared = earlier.get(key) if k >= len(inlined) or f.name not in inlined[k] else None
+            names[f.name] = shared or f"s{k}.{f.name}"
             mine.setdefault(key, names[f.name])
         for key, new in mine.items():
             earlier.setdefault(key, new)
