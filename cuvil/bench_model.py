@@ -285,8 +285,10 @@ def run(models: list[str], threads: list[int], cold: bool = True, rounds: int = 
         return 1
     models = models or default_models()
     tgt = cuvil.Target("llvm")
-    print(f"cuvil {cuvil.__version__} on {tgt.triple} {tgt.cpu}; compile: cold and warm kernel cache (fresh "
-          "processes), here (this process); latency: medians of interleaved rounds; ratio = ort / cuvil")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+    print(f"cuvil {cuvil.__version__} on {tgt.triple} {tgt.cpu}, {os.cpu_count()} cores, load {load}, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; compile: cold and warm kernel cache "
+          "(fresh processes), here (this process); latency: medians of interleaved rounds; ratio = ort / cuvil")
     print(header(threads), flush=True)
     failed = False
     for name in models:
