@@ -103,3 +103,18 @@ def test_models_with_depthwise_convs_compute_channels_last():
     _check(model, {"x": rng.standard_normal((1, 3, 17, 18)).astype(np.float32)},
            ["CuvilConvNHWC", "Clip", "CuvilConvNHWC", "Relu", "CuvilConvNHWC", "CuvilConvNHWC", "CuvilConvNHWC",
             "CuvilConvNHWC", "Add", "Transpose", "MaxPool", "CuvilGlobalAveragePoolNHWC", "Relu"])
+
+
+def test_dense_3x3_convs_after_channels_last_values_read_them_back_in_nchw():
+    c = 8
+    inits = {"Ws": rng.standard_normal((c, 3, 3, 3)) * 0.3, "Wd": rng.standard_normal((c, 1, 3, 3)),
+             "W3": rng.standard_normal((c, c, 3, 3)) * 0.3}
+    nodes = [
+        helper.make_node("Conv", ["x", "Ws"], ["s"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["s", "Wd"], ["d"], group=c, pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["d", "W3"], ["e"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["e"], ["y"]),
+    ]
+    model = _model(nodes, [("x", [1, 3, 10, 10])], ["y"], inits)
+    _check(model, {"x": rng.standard_normal((1, 3, 10, 10)).astype(np.float32)},
+           ["CuvilConvNHWC", "CuvilConvNHWC", "Transpose", "Conv", "Relu"])

@@ -207,14 +207,29 @@ def _depthwise(n: Node, g: Graph) -> bool:
     return w is not None and w.ndim == 4 and w.shape[1] == 1 and int(n.attrs.get("group", 1)) == w.shape[0] > 1
 
 
+def _dense_nhwc(w: np.ndarray, nhwc_input: bool, n: Node) -> bool:
+    """A ``group`` 1 convolution computed channels-last: 1x1 ones, and windows up to 3x3 that read NCHW
+    (a network's stem).  (A 7x7 stem, and a 3x3 stride-2 convolution reading NHWC, overran isl's
+    operation bound while being scheduled; they stay NCHW.)"""
+    if int(n.attrs.get("group", 1)) != 1:
+        return False
+    taps = int(np.prod(w.shape[2:]))
+    return taps == 1 or (taps <= 9 and not nhwc_input)
+
+
+def _pays(g: Graph) -> bool:
+    """Channels last pays in models with depthwise convolutions (MobileNet-style)."""
+    return any(_depthwise(n, g) for n in g.nodes)
+
+
 def channels_last(g: Graph) -> Graph:
-    """In a model with depthwise convolutions, 2-D convolutions (``group`` 1 with windows up to 3x3,
-    or depthwise; constant weights) compute channels-last: ``Conv`` -> ``CuvilConvNHWC``
+    """In a model with depthwise convolutions, 2-D convolutions (depthwise, or ``group`` 1 as
+    :func:`_dense_nhwc` says; constant weights) compute channels-last: ``Conv`` -> ``CuvilConvNHWC``
     (cuvil/frontend/onnx_ops_layout.py), element-wise nodes between them (scalar constants only)
     keep the layout, a
     ``GlobalAveragePool`` of a channels-last value reads it as it is, and any other reader gets a
     ``Transpose`` back to NCHW.  Graph outputs stay NCHW."""
-    if not any(_depthwise(n, g) for n in g.nodes):
+    if not _pays(g):
         return g
     from cuvil.graph.fuse import ELEMENTWISE
 
@@ -242,8 +257,7 @@ def channels_last(g: Graph) -> Graph:
         w = _const(g, n.inputs[1]) if n.op_type == "Conv" and not n.domain and len(n.inputs) > 1 else None
         if (w is not None and w.ndim == 4 and out not in outputs and len(n.outputs) == 1
                 and n.attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET")
-                and (int(n.attrs.get("group", 1)) == 1 and int(np.prod(w.shape[2:])) <= 9 or _depthwise(n, g))):
-            # (a 7x7 stem read from NCHW overran isl's operation bound when its schedule was checked)
+                and (_dense_nhwc(w, n.inputs[0] in nhwc, n) or _depthwise(n, g))):
             attrs = {**n.attrs, "in_layout": "NHWC" if n.inputs[0] in nhwc else "NCHW"}
             nodes.append(replace(n, op_type="CuvilConvNHWC", attrs=attrs))
             nhwc.add(out)
