@@ -190,3 +190,26 @@ def test_profile_times_every_call():
     assert "Conv+Add+Relu" in text and "whole run" in text
     np.testing.assert_allclose(prog.run(feeds)["y"], compile_graph(g, {"x": (1, 8, 8, 8)}, {}, "llvm",
                                                                       fuse=False).run(feeds)["y"], rtol=1e-5)
+
+
+def test_a_fused_kernel_that_does_not_compile_falls_back_to_one_kernel_per_node(monkeypatch):
+    import cuvil.frontend.onnx as fo
+    from cuvil.errors import ScheduleError
+
+    model, feeds = _conv_residual(8, 6)
+    real = fo._lower_kernel
+
+    def refuse_fused(what, *args):
+        if "+" in what.split(" ")[0]:
+            raise ScheduleError("isl gave up (simulated)")
+        return real(what, *args)
+
+    monkeypatch.setattr(fo, "_lower_kernel", refuse_fused)
+    monkeypatch.setattr(fo, "_KERNELS", {})
+    monkeypatch.setenv("CUVIL_CACHE_DIR", "off")
+    g = _nchw(import_model(model))
+    with pytest.warns(UserWarning, match="compiled one by one"):
+        prog = compile_graph(g, {"x": (1, 8, 6, 6)}, {}, "llvm")
+    assert prog.n_calls == 5
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(prog.run(feeds)["y"], want, rtol=1e-4, atol=1e-5)

@@ -459,7 +459,14 @@ class _GraphCompiler:
         last = dataclasses.replace(last, tensor=inline_elementwise(last.tensor))  # one epilogue stage
         key = ("fused",) + tuple(_node_key(ctx, self.target.canonical) for ctx in ctxs)
         label = f"{'+'.join(n.op_type for n in nodes)} {nodes[0].name!r}"
-        [self.env[nodes[-1].outputs[0]]] = self.kernel(key, ctxs, [(last.tensor, last.shape)], label)
+        try:
+            [self.env[nodes[-1].outputs[0]]] = self.kernel(key, ctxs, [(last.tensor, last.shape)], label)
+        except CuvilError as exc:  # (raised before the kernel is added: nothing to undo)
+            import warnings
+
+            warnings.warn(f"{label}: the fused kernel does not compile ({exc}); its nodes are compiled one by one",
+                          stacklevel=2)
+            return False
         return True
 
     def kernel(self, key: tuple, ctxs: list[NodeCtx], outs: list[tuple[Any, tuple[int, ...]]], label: str
