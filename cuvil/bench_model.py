@@ -18,6 +18,7 @@ and ResNet-18, MobileNetV2, the BERT-style encoder and the MLP of :mod:`cuvil.zo
     cuvil bench                              # the default set
     cuvil bench model.onnx --threads 1,2     # one model
     cuvil bench --models resnet18,light_squeezenet --no-cold
+    cuvil bench resnet18 --threads 1 --profile 8    # and its 8 slowest kernel calls (cuvil.graph.profile)
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class ModelResult:
     max_err: float = 0.0
     ok: bool = True
     error: str = ""
+    profile: str = ""  # the slowest kernel calls at the first thread count (--profile)
 
 
 # -- models and inputs ----------------------------------------------------------------------------
@@ -194,8 +196,8 @@ def _compare(ours: dict[str, np.ndarray], ref: list[np.ndarray], names: list[str
     return ok, worst
 
 
-def bench_one(name: str, threads: list[int], cold: bool = True, rounds: int = 5, budget_s: float = 0.3
-              ) -> ModelResult:
+def bench_one(name: str, threads: list[int], cold: bool = True, rounds: int = 5, budget_s: float = 0.3,
+              profile_top: int = 0) -> ModelResult:
     """Measure one model (see the module docstring)."""
     import cuvil
     from cuvil.bench import median_time
@@ -238,6 +240,10 @@ def bench_one(name: str, threads: list[int], cold: bool = True, rounds: int = 5,
                     for k in ((0, 1) if r % 2 == 0 else (1, 0)):
                         (ours if k == 0 else theirs).append(median_time(pair[k], repeat=3, budget_s=budget_s))
                 res.latency[t] = (float(np.median(ours)), float(np.median(theirs)))
+                if profile_top and not res.profile:
+                    from cuvil.graph.profile import profile
+
+                    res.profile = f"{res.name} at {t} thread(s):\n" + profile(prog, run_feeds).table(profile_top)
             finally:
                 cuvil.set_num_threads(None)
     return res
@@ -273,7 +279,7 @@ def row(r: ModelResult, threads: list[int]) -> str:
             f"{_fmt_s(r.compile_here_s):>7}{_mib(r.arena_bytes) + '/' + _mib(r.total_bytes):>15}{cols}  {check}")
 
 
-def run(models: list[str], threads: list[int], cold: bool = True, rounds: int = 5) -> int:
+def run(models: list[str], threads: list[int], cold: bool = True, rounds: int = 5, profile_top: int = 0) -> int:
     """Benchmark ``models`` (default: :func:`default_models`) and print one row each; 1 if any failed."""
     import cuvil
     from cuvil.errors import CuvilError
@@ -291,11 +297,15 @@ def run(models: list[str], threads: list[int], cold: bool = True, rounds: int = 
           "(fresh processes), here (this process); latency: medians of interleaved rounds; ratio = ort / cuvil")
     print(header(threads), flush=True)
     failed = False
+    profiles = []
     for name in models:
         try:
-            r = bench_one(name, threads, cold=cold, rounds=rounds)
+            r = bench_one(name, threads, cold=cold, rounds=rounds, profile_top=profile_top)
         except (CuvilError, OSError, ValueError) as exc:
             r = ModelResult(name, error=f"{type(exc).__name__}: {exc}")
         failed |= bool(r.error) or not r.ok
         print(row(r, threads), flush=True)
+        profiles.append(r.profile)
+    for text in filter(None, profiles):
+        print(f"\n{text}")
     return 1 if failed else 0

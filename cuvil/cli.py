@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     p_bench.add_argument("--no-cold", action="store_true", help="models: skip the cold/warm compiles in fresh "
                          "processes")
     p_bench.add_argument("--rounds", type=int, default=5, help="models: interleaved timing rounds")
+    p_bench.add_argument("--profile", type=int, default=0, metavar="N", help="models: also print the N slowest "
+                         "kernel calls of each (at the first thread count)")
     p_bench.add_argument("--quick", action="store_true", help="--ops: skip the largest shapes")
     p_bench.add_argument("--only", default=None, help="--ops: only the rows whose name contains this text")
     from cuvil import cli_onnx
@@ -141,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         from cuvil import bench_model
 
         models = list(args.models) + [m for m in (args.model_list or "").split(",") if m]
-        return bench_model.run(models, threads, cold=not args.no_cold, rounds=args.rounds)
+        return bench_model.run(models, threads, cold=not args.no_cold, rounds=args.rounds,
+                               profile_top=args.profile)
     parser.print_help()
     return 0
 

@@ -65,8 +65,9 @@ def test_compile_dump_shows_each_pass_and_the_calls(model_path, capsys):
 
 
 def test_bench_a_model_beside_onnxruntime(model_path, capsys):
-    assert main(["bench", str(model_path), "--threads", "1", "--rounds", "1"]) == 0
+    assert main(["bench", str(model_path), "--threads", "1", "--rounds", "1", "--profile", "2"]) == 0
     out = capsys.readouterr().out
+    assert "m at 1 thread(s):" in out and "by op: " in out  # --profile: the slowest kernel calls
     row = next(line for line in out.splitlines() if line.startswith("m "))
     cold, warm, here = re.findall(r"(\d+\.\d)s", row)[:3]
     assert float(cold) > 0 and float(warm) > 0 and float(here) >= 0
