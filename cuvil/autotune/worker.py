@@ -196,18 +196,26 @@ def _blank(specs: Sequence[tuple[tuple[int, ...], str]]) -> list[np.ndarray]:
     return [np.full(shape, np.nan if np.dtype(dt).kind == "f" else 0, dtype=dt) for shape, dt in specs]
 
 
-def _timed(call_fn: Callable[..., Any], flush: np.ndarray, mod: Any, arrays: list[Any], trial: int, n: int) -> float:
-    """Seconds per call of ``n`` calls, after touching a buffer larger than the last-level cache."""
-    np.add(flush, 1.0, out=flush)
+def _timed(call_fn: Callable[..., Any], flush: np.ndarray | None, mod: Any, arrays: list[Any], trial: int,
+           n: int) -> float:
+    """Seconds per call of ``n`` calls, after touching a buffer larger than the last-level cache (``flush``)."""
+    if flush is not None:
+        np.add(flush, 1.0, out=flush)
     t0 = time.perf_counter()
     for _ in range(n):
         call_fn(mod, arrays, trial)
     return (time.perf_counter() - t0) / n
 
 
-def _number(first: float, opts: dict[str, Any]) -> int:
-    """Calls per timed run: enough for ``min_run_s`` seconds (a timer's resolution and jitter stay small)."""
-    return max(1, min(1000, int(float(opts.get("min_run_s", 0.01)) / max(first, 1e-9))))
+def _number(warm: Sequence[float], opts: dict[str, Any]) -> int:
+    """Calls per timed run, one count for all the libraries compared: enough for ``min_run_s`` seconds of the
+    fastest (by a call with warm caches; a timer's resolution and jitter stay small), but at most 10x that for
+    the slowest.  One count, because each run's first call after the flush is cold: with counts that differ,
+    the one timed with fewer calls carries more of that cost (a 128^3 candidate 1.5x slower than the untuned
+    schedule measured 1.5x faster when its count came from a cold call)."""
+    min_run = float(opts.get("min_run_s", 0.01))
+    n = int(min_run / max(min(warm), 1e-9))
+    return max(1, min(1000, n, int(10 * min_run / max(max(warm), 1e-9))))
 
 
 def _final_round(entries: list[tuple[Any, list[Any], int]], call_fn: Callable[..., Any], flush: np.ndarray,
@@ -215,24 +223,26 @@ def _final_round(entries: list[tuple[Any, list[Any], int]], call_fn: Callable[..
     """The end of a tuning run: ``entries`` (module, arrays, trial; the first is the untuned schedule) timed
     against each other in the same process and the same way as every candidate.
 
-    Each entry is called and checked again (the warm-up); then ``rounds`` rounds in which every entry is timed
-    once, after a cache flush, each round starting at the next entry (no entry always runs right after the
+    Each entry is called and checked again (the warm-up) and called once more with warm caches (its count of
+    calls per run: :func:`_number`); then ``rounds`` rounds in which every entry is timed once, after a cache
+    flush, each round starting at the next entry (no entry always runs right after the
     flush of another's turn or first in a round).  Per entry: status, median seconds per call, the median
     over rounds of its time divided by the untuned schedule's in the same round, and an error."""
-    firsts: list[float | None] = []
+    warm: dict[int, float] = {}
     errors: list[str] = []
-    for mod, arrays, trial in entries:
-        firsts.append(_timed(call_fn, flush, mod, arrays, trial, 1))
+    for k, (mod, arrays, trial) in enumerate(entries):
+        _timed(call_fn, flush, mod, arrays, trial, 1)
         errors.append(_mismatch(arrays[len(arrays) - len(ref):], ref) if ref else "")
+        warm[k] = _timed(call_fn, None, mod, arrays, trial, 1)
     live = [k for k, e in enumerate(errors) if not e]
-    numbers = {k: _number(firsts[k] or 0.0, opts) for k in live}
-    per_round = sum((firsts[k] or 0.0) * numbers[k] for k in live)
+    number = _number([warm[k] for k in live], opts) if live else 1
+    per_round = sum(warm[k] * number for k in live)
     rounds = max(3, min(int(opts.get("rounds", 15)), int(float(opts.get("budget_s", 10.0)) / max(per_round, 1e-9))))
     times: dict[int, list[float]] = {k: [] for k in live}
     for r in range(rounds):
         for k in live[r % len(live):] + live[: r % len(live)] if live else []:
             mod, arrays, trial = entries[k]
-            times[k].append(_timed(call_fn, flush, mod, arrays, trial, numbers[k]))
+            times[k].append(_timed(call_fn, flush, mod, arrays, trial, number))
     base = times.get(0)
     out: list[tuple[str, float | None, float | None, str]] = []
     for k in range(len(entries)):
@@ -257,10 +267,9 @@ def _time(mod: Any, arrays: list[Any], trial: int, call_fn: Callable[..., Any], 
     def run(m: Any, a: list[Any], t: int, n: int) -> float:
         return _timed(call_fn, flush, m, a, t, n)
 
-    first = run(mod, arrays, trial, 1)
-    ref_first = run(ref[0], ref[1], -1, 1) if ref is not None else None
-    number = _number(first, opts)
-    ref_number = _number(ref_first, opts) if ref_first else 0
+    first = _timed(call_fn, None, mod, arrays, trial, 1)  # warm: the checked call came just before
+    ref_first = _timed(call_fn, None, ref[0], ref[1], -1, 1) if ref is not None else None
+    number = ref_number = _number([first] + ([ref_first] if ref_first else []), opts)
     repeat = int(opts.get("repeat", 5))
     best = opts.get("best_rel")
     if best is not None and ref_first and first / ref_first > 3.0 * best:
