@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.errors import ArgumentError, DTypeError, ShapeError, UnsupportedOpError
+from cuvil.errors import ArgumentError, DTypeError, ShapeError
 
 __all__ = ["InferenceSession", "NodeArg"]
 
@@ -42,8 +42,10 @@ class InferenceSession:
                  num_threads: int | None = None, tuning_db: Any = None, **kwargs: Any):
         from cuvil.frontend.onnx import check_supported, import_model, load_model
 
-        if tuning_db is not None:
-            raise UnsupportedOpError("tuning_db: the autotuner and its database are not part of cuvil yet")
+        if tuning_db is not None and not isinstance(tuning_db, (str, os.PathLike)) and not hasattr(tuning_db, "best"):
+            raise ArgumentError("tuning_db must be a path or a cuvil.autotune.Database, got "
+                                f"{type(tuning_db).__name__}")
+        self.tuning_db = tuning_db  # each kernel replays its best record (cuvil.autotune), if there is one
         if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
                                         or num_threads < 1):
             raise ArgumentError(f"num_threads must be a positive int or None, got {num_threads!r}")
@@ -142,7 +144,7 @@ class InferenceSession:
                     return self._cache[key]
                 runtime_shapes = {n: s for n, s in shapes.items() if n not in known}
                 try:
-                    prog = compile_graph(self._graph, runtime_shapes, known, self.target)
+                    prog = compile_graph(self._graph, runtime_shapes, known, self.target, tuning_db=self.tuning_db)
                 except NeedsValue as nv:
                     feeds_needed = set(nv.inputs) - set(known)
                     if not feeds_needed:

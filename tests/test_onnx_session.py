@@ -148,13 +148,16 @@ def test_reshape_shape_input_is_specialised_on_its_value():
     assert len(s._cache) == 2  # one compilation per distinct value
 
 
-def test_num_threads_and_tuning_db_arguments():
+def test_num_threads_and_tuning_db_arguments(tmp_path):
     with pytest.raises(cuvil.ArgumentError):
         connx.InferenceSession(_mlp(), num_threads=0)
-    with pytest.raises(cuvil.UnsupportedOpError, match="tuning_db"):
-        connx.InferenceSession(_mlp(), tuning_db="x.db")
-    s = connx.InferenceSession(_mlp(), num_threads=1)
+    with pytest.raises(cuvil.ArgumentError, match="tuning_db"):
+        connx.InferenceSession(_mlp(), tuning_db=3.5)
     x = np.ones((5, 8), np.float32)
+    s = connx.InferenceSession(_mlp(), num_threads=1)
+    np.testing.assert_allclose(s.run(None, {"x": x})[0], _ort(_mlp(), {"x": x})[0], rtol=1e-5)
+    # a database that does not exist (yet): every kernel as it would be built without one
+    s = connx.InferenceSession(_mlp(), tuning_db=str(tmp_path / "absent.db"))
     np.testing.assert_allclose(s.run(None, {"x": x})[0], _ort(_mlp(), {"x": x})[0], rtol=1e-5)
 
 

@@ -221,8 +221,9 @@ def _node_key(ctx: NodeCtx, target: str) -> tuple:
     return (target, n.op_type, ctx.opset, attrs, spec, values, len(n.outputs))
 
 
-def _lower_kernel(what: str, args: list[Any], placeholders: list[Any], target: Any) -> Any:
-    """The loop IR of one kernel (``what`` names its node or fused nodes in errors)."""
+def _lower_kernel(what: str, args: list[Any], placeholders: list[Any], target: Any, tuning_db: Any = None) -> Any:
+    """The loop IR of one kernel (``what`` names its node or fused nodes in errors); with ``tuning_db``,
+    the best tuning record of the kernel's computation replaces the automatic schedule when there is one."""
     import cuvil
     from cuvil import te
     from cuvil.errors import ScheduleError
@@ -232,6 +233,10 @@ def _lower_kernel(what: str, args: list[Any], placeholders: list[Any], target: A
             s = cuvil.auto_schedule(args, target)
         except ScheduleError:
             s = te.create_schedule([a for a in args if not any(a is p for p in placeholders)])
+        if tuning_db is not None:
+            from cuvil.autotune.replay import apply_best
+
+            s = apply_best(s, args, target, tuning_db)
         return cuvil.lower(s, args, name="k")
     except CuvilError as exc:
         raise type(exc)(f"{what}: {exc}") from None
@@ -336,8 +341,39 @@ class CompiledGraph:
         return kept
 
 
+def kernel_programs(model: Any, target: Any = "llvm", shapes: Mapping[str, tuple[int, ...]] | None = None
+                    ) -> list[tuple[list[Any], int]]:
+    """The distinct kernels one run of ``model`` (path, bytes or ModelProto) calls, each as (its te
+    arguments, how many calls of it a run makes): what ``cuvil tune model.onnx`` tunes.  Symbolic input
+    dimensions need ``shapes``; the model is compiled once on the way (folding its constants)."""
+    from cuvil.errors import ShapeError
+    from cuvil.frontend.onnx_ops import NeedsValue
+    from cuvil.graph.passes import optimize
+
+    graph = import_model(load_model(model))
+    check_supported(graph)
+    graph = optimize(graph)
+    static = {v.name: (tuple(shapes[v.name]) if shapes and v.name in shapes else v.shape) for v in graph.feeds}
+    open_dims = [n for n, s in static.items() if s is None or not all(isinstance(d, int) for d in s)]
+    if open_dims:
+        raise ShapeError(f"inputs {', '.join(open_dims)} have symbolic dimensions: give their sizes, e.g. "
+                         f"shapes={{{open_dims[0]!r}: (1, 3, 224, 224)}}")
+    found: dict[tuple, list[Any]] = {}
+
+    def on_kernel(key: tuple, args: list[Any], label: str) -> None:
+        found.setdefault(key, [args, 0])[1] += 1
+
+    try:
+        compile_graph(graph, static, {}, target, on_kernel=on_kernel)  # type: ignore[arg-type]
+    except NeedsValue as exc:
+        raise ShapeError(f"a shape of this model depends on the value of an input ({exc}): its kernels are "
+                         "only known for given values; tune them one by one with cuvil.autotune.tune") from None
+    return [(args, n) for args, n in found.values()]
+
+
 def compile_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray],
-                  target: Any = "llvm", progress: Any = None, fuse: bool = True) -> CompiledGraph:
+                  target: Any = "llvm", progress: Any = None, fuse: bool = True, tuning_db: Any = None,
+                  on_kernel: Any = None) -> CompiledGraph:
     """Compile ``graph`` for inputs of ``shapes`` (fed at run time) and inputs of ``known`` values
     (specialised on).  With ``fuse``, each group of :func:`cuvil.graph.fuse.fusion_groups` (a node and
     the element-wise nodes after it) is one kernel; otherwise each node is.  Raises ``NeedsValue``
@@ -347,6 +383,7 @@ def compile_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Ma
 
     check_supported(graph)
     c = _GraphCompiler(graph, shapes, known, Target(target))
+    c.tuning_db, c.on_kernel = tuning_db, on_kernel
     groups = fusion_groups(graph) if fuse else tuple(Group((k,)) for k in range(len(graph.nodes)))
     done = 0
     for grp in groups:
@@ -371,9 +408,25 @@ def _tensor_and_shape(o: Any) -> tuple[Any, tuple[int, ...] | None]:
     return None, None
 
 
+def _db_key(tuning_db: Any) -> tuple | None:
+    """What a kernel cache key records of a tuning database: its file's identity and last change (a new
+    record makes every kernel look again); None when it cannot be told (a database in memory)."""
+    path = os.fspath(tuning_db) if isinstance(tuning_db, (str, os.PathLike)) else getattr(tuning_db, "path", None)
+    if path is None or path == ":memory:":
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ("tuning_db", os.path.abspath(path), "absent")
+    return ("tuning_db", os.path.abspath(path), st.st_mtime_ns, st.st_size)
+
+
 class _GraphCompiler:
     """The state of one ``compile_graph``: buffers (slots), the values of the graph's names (env) and
     the kernel calls, in run order."""
+
+    tuning_db: Any = None  # kernels replay their best tuning records (cuvil.autotune)
+    on_kernel: Any = None  # called as on_kernel(key, args, label) for each kernel call the graph runs
 
     def __init__(self, graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray],
                  target: Any):
@@ -475,18 +528,27 @@ class _GraphCompiler:
         at run time, or run now when every input is known (its outputs become constants)."""
         placeholders = [(ctx, i, p) for ctx in ctxs for i, p in ctx.placeholders]
         args = [p for _, _, p in placeholders] + [t for t, _ in outs]
-        func = _KERNELS.get(key)
+        cached = True
+        if self.tuning_db is not None:
+            db = _db_key(self.tuning_db)
+            cached = db is not None
+            key = key + (db,)
+        func = _KERNELS.get(key) if cached else None
         if func is None:
-            func = kernel_cache.load(key)
+            func = kernel_cache.load(key) if cached else None
             if func is None:
-                func = _lower_kernel(label, args, [p for _, _, p in placeholders], self.target)
-                kernel_cache.store(key, func)
-            _KERNELS[key] = func
+                func = _lower_kernel(label, args, [p for _, _, p in placeholders], self.target, self.tuning_db)
+                if cached:
+                    kernel_cache.store(key, func)
+            if cached:
+                _KERNELS[key] = func
         ins = [ctx.entries[i] for ctx, i, _ in placeholders]
         if all(isinstance(e, np.ndarray) for e in ins):
             results = _fold(func, [np.reshape(e, t_shape(p)) for e, (_, _, p) in zip(ins, placeholders)],
                             [(t_shape(t), t.dtype) for t, _ in outs], self.target)
             return [r.reshape(shape) for r, (_, shape) in zip(results, outs)]
+        if self.on_kernel is not None:
+            self.on_kernel(key, args, label)
         origin = frozenset().union(*(e.origin for e in ins if isinstance(e, Runtime)))
         arg_slots = [self.slot_of(e) for e in ins]  # type: ignore[arg-type]
         results: list[Runtime | np.ndarray] = []
