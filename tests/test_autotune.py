@@ -285,7 +285,7 @@ def test_tune_model_says_what_it_needs(tmp_path) -> None:
     from cuvil.frontend import onnx as importer
 
     if hasattr(importer, "kernel_programs"):
-        pytest.skip("the importer lists kernels now: tune_model is tested with it")
+        pytest.skip("the importer lists kernels now: tune_model is tested with it (test_autotune_measure.py)")
     with pytest.raises(cuvil.UnsupportedOpError, match="kernel_programs"):
         cuvil.autotune.tune_model(tmp_path / "m.onnx", trials=2, db=str(tmp_path / "t.db"))
 

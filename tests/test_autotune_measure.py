@@ -140,3 +140,29 @@ def test_kill_9_loses_only_candidates_in_flight(tmp_path) -> None:
     with Database(db) as d:
         recs = d.records(key)
     assert len({r.config_hash for r in recs}) == len(recs) and recs[0].ok
+
+
+def test_tune_model_tunes_the_kernels_of_an_onnx_model(tmp_path) -> None:
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from cuvil.frontend import onnx as importer
+
+    if not hasattr(importer, "kernel_programs"):
+        pytest.skip("the importer does not list a model's kernels yet")
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "w2")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 32])], [w1, w2])
+    path = tmp_path / "mlp.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    db = str(tmp_path / "model.db")
+    res = cuvil.autotune.tune_model(path, trials=8, db=db, timeout_s=30, num_threads=1, progress=False)
+    assert len(res) == 2 and sum(r.trials for r in res) == 8 and all(r.best_time_s for r in res)
+    with Database(db) as d:  # each kernel ended with a final round (its untuned schedule among the finalists)
+        for r in res:
+            recs = d.records(r.key)
+            assert len(recs) == r.trials and not d.final_stale(r.key, recs[0].target, 1)
