@@ -30,7 +30,11 @@ def default_model() -> str:
 def add_parsers(sub: Any) -> None:
     p = sub.add_parser("compile", help="compile an ONNX model into one native module")
     p.add_argument("model", nargs="?", default=None, help="model.onnx (default: the onnx wheel's light ResNet-50)")
-    p.add_argument("-o", "--output", default=None, help="write the module's LLVM IR here (.ll)")
+    p.add_argument("-o", "--output", default=None,
+                   help="model.so: a shared library with a C entry point and model.h (docs/export.md); "
+                        "any other name: the module's LLVM IR")
+    p.add_argument("--shapes", action="append", default=[], metavar="NAME=D0,D1,..[;NAME=..]",
+                   help="input shapes (symbolic dimensions); repeat for several signatures in one .so")
     p.add_argument("--target", default="llvm")
     p.add_argument("--dump", nargs="?", const="graph", choices=["graph", "loops"], default=None,
                    help="print the graph after each pass and the kernel calls (loops: and each kernel's loop nest)")
@@ -80,8 +84,12 @@ def compile_cmd(args: argparse.Namespace) -> int:
             last[0] = text
 
     graph = optimize(graph, dump=dump)
+    signatures = [_parse_shapes(text) for text in args.shapes]
     shapes = {}
     for v in graph.feeds:
+        if signatures and v.name in signatures[0]:
+            shapes[v.name] = signatures[0][v.name]
+            continue
         dims = [d if isinstance(d, int) else 1 for d in (v.shape or [])]
         if v.shape is not None and any(not isinstance(d, int) for d in v.shape):
             print(f"  input {v.name}: symbolic dimensions set to 1 for this compile: {list(v.shape)} -> {dims}")
@@ -98,11 +106,37 @@ def compile_cmd(args: argparse.Namespace) -> int:
     print(f"{n_imported} nodes ({len(graph.nodes)} after the graph passes) -> {prog.n_calls} kernel calls "
           f"({prog.n_kernels} distinct kernels) in one native module; compiled in {dt:.1f} s")
     print(f"  {prog.memory}")
-    if args.output:
+    if args.output and args.output.endswith(".so"):
+        from cuvil.onnx import InferenceSession
+
+        t0 = time.perf_counter()
+        sess = InferenceSession(path, target=args.target)
+        written = sess.export_library(args.output, input_shapes=(signatures[0] if len(signatures) == 1 else
+                                                                 signatures or None))
+        print(f"wrote {written} and {written[:-3]}.h in {time.perf_counter() - t0:.1f} s")
+    elif args.output:
         with open(args.output, "w") as f:
             f.write(prog.module.get_source("llvm") if prog.module is not None else "")
         print(f"wrote {args.output}")
     return 0
+
+
+def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
+    """``"x=1,3,224,224;mask=1,128"`` -> ``{"x": (1, 3, 224, 224), "mask": (1, 128)}``."""
+    from cuvil.errors import ArgumentError
+
+    out: dict[str, tuple[int, ...]] = {}
+    for part in text.replace(" ", ";").split(";"):
+        if not part:
+            continue
+        name, eq, dims = part.partition("=")
+        try:
+            out[name] = tuple(int(d) for d in dims.split(",") if d)
+        except ValueError:
+            out[name] = ()
+        if not eq or not name or not out[name] or any(d < 1 for d in out[name]):
+            raise ArgumentError(f"--shapes {text!r}: write NAME=D0,D1,... with positive sizes, e.g. x=1,3,224,224")
+    return out
 
 
 def _slot_str(prog: Any, k: int) -> str:

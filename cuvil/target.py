@@ -171,6 +171,30 @@ class Target:
     def vector_lanes(self, dtype_bits: int) -> int:
         return max(1, self.vector_bits // dtype_bits)
 
+    @property
+    def vector_registers(self) -> int:
+        """SIMD registers the code generator can use: 32 with AVX-512 (zmm0-31) and on AArch64 (v0-31),
+        16 with SSE/AVX (xmm/ymm0-15)."""
+        if self.kind != "llvm":
+            return 0
+        return 32 if self.vector_bits >= 512 or self.triple.startswith("aarch64") else 16
+
+    @property
+    def fma_units(self) -> int:
+        """Vector FMA pipes per core (each one vector FMA per cycle): 2 on x86 cores with FMA (the server
+        cores; client cores with one 512-bit pipe, or Zen 4 splitting 512-bit FMAs over its two 256-bit
+        pipes, reach half of that at 512 bits), 4 x 128-bit on Neoverse V1/V2, 2 on the other listed Arm
+        cores, 1 on the A53.  An estimate: ``cuvil bench --ops`` measures the peak."""
+        if self.kind != "llvm":
+            return 0
+        if self.triple.startswith("aarch64"):
+            return 1 if self.cpu == "cortex-a53" else 4 if self.cpu in ("neoverse-v1", "neoverse-v2") else 2
+        return 2 if "fma" in self.enabled_features else 1
+
+    def peak_flops_per_cycle(self, dtype_bits: int = 32) -> int:
+        """FLOPs per cycle and core at the full vector width: lanes x FMA units x 2."""
+        return self.vector_lanes(dtype_bits) * self.fma_units * 2
+
     def __repr__(self) -> str:
         return f"Target({self.canonical!r})"
 

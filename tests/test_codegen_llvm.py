@@ -445,6 +445,13 @@ def test_host_target_and_asm():
     assert t.is_host and t.cpu and t.triple
     assert t.canonical.startswith(f"llvm -mtriple={t.triple} -mcpu={t.cpu}")
     assert t.vector_bits in (128, 256, 512) and t.num_cores >= 1 and t.l1_size > 0 and t.l3_size >= t.l2_size
+    assert t.vector_registers in (16, 32) and t.fma_units >= 1
+    assert t.peak_flops_per_cycle() == t.vector_lanes(32) * t.fma_units * 2
+    a76 = Target("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76")
+    assert (a76.vector_bits, a76.vector_registers, a76.fma_units) == (128, 32, 2)
+    from cuvil.cli import main
+
+    assert main(["info"]) == 0
     m = Module(elementwise(lambda x, y: [x * y + x], ["float32", "float32"]), "llvm")
     asm = m.get_source("asm")
     assert "k:" in asm and "ret" in asm

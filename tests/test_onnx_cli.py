@@ -99,3 +99,18 @@ def test_a_second_compile_comes_from_the_kernel_cache(model_path, tmp_path, monk
 
     assert ir("a.ll") == ir("b.ll")
     capsys.readouterr()
+
+
+def test_compile_to_a_shared_library_for_two_batch_sizes(model_path, tmp_path, capsys):
+    from cuvil.runtime import load
+
+    out = tmp_path / "m.so"
+    assert main(["compile", str(model_path), "-o", str(out), "--shapes", "x=2,4", "--shapes", "x=5,4"]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out and (tmp_path / "m.h").exists()
+    lib = load(str(out))
+    sess = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    for n in (2, 5):
+        x = np.linspace(-2, 2, n * 4, dtype=np.float32).reshape(n, 4)
+        np.testing.assert_allclose(lib.run(None, {"x": x})[0], sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    assert main(["compile", str(model_path), "-o", str(out), "--shapes", "x=2,zero"]) != 0
+    assert "--shapes 'x=2,zero'" in capsys.readouterr().err
