@@ -313,3 +313,29 @@ def test_transposing_copies_run_in_square_blocks(shape, perm, dtype):
     b = np.empty(out_shape, dtype)
     cuvil.build(s, [A, B])(a, b)
     np.testing.assert_array_equal(b, a.transpose(perm))
+
+
+@pytest.mark.parametrize("n,c,h,f,k,g,stride,pad", [(1, 8, 9, 12, 3, 2, 1, 1), (2, 12, 10, 18, 3, 3, 2, 0),
+                                                     (1, 16, 7, 32, 1, 4, 1, 0)])
+def test_grouped_conv2d_is_a_batched_contraction(n, c, h, f, k, g, stride, pad):
+    X = te.placeholder((n, c, h, h), name="X")
+    W = te.placeholder((f, c // g, k, k), name="W")
+    Y = ops.conv2d_nchw(X, W, stride=stride, padding=pad, groups=g)
+    s = auto_schedule([X, W, Y])
+    if stride == 1:  # a register tile over (filters of a group) x (pixels of a row)
+        assert any(st.op == "cache_write" and st.stage == "conv_groups" for st in s.trace)
+    x = rng.standard_normal((n, c, h, h), dtype=np.float32)
+    w = rng.standard_normal((f, c // g, k, k), dtype=np.float32)
+    oh = (h + 2 * pad - k) // stride + 1
+    y = np.empty((n, f, oh, oh), np.float32)
+    cuvil.build(s, [X, W, Y])(x, w, y)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    ref = np.zeros((n, f, oh, oh))
+    cg, fo = c // g, f // g
+    for o in range(f):
+        grp = o // fo
+        for ky in range(k):
+            for kx in range(k):
+                win = xp[:, grp * cg:(grp + 1) * cg, ky:ky + stride * oh:stride, kx:kx + stride * oh:stride]
+                ref[:, o] += np.einsum("ncyx,c->nyx", win, w[o, :, ky, kx])
+    _close(y, ref, cg * k * k)

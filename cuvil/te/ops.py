@@ -54,6 +54,15 @@ def conv2d_nchw(X: Tensor, W: Tensor, stride: int = 1, padding: int = 0, dilatio
     rc = te.reduce_axis((0, cg_), name="rc")
     ry = te.reduce_axis((0, kh_), name="ry")
     rx = te.reduce_axis((0, kw_), name="rx")
+    if groups > 1 and per_group is not None and per_group > 1:
+        # the group as an axis of its own: a batched contraction (filters of one group x pixels),
+        # then the [N, G, F/G, OH, OW] result read as [N, F, OH, OW] (the same element order)
+        def grouped(n, g, f, y, x):
+            return te.sum(Xp[n, g * cg_ + rc, y * stride + ry * dilation, x * stride + rx * dilation]
+                          * W[g * per_group + f, rc, ry, rx], axis=[rc, ry, rx])
+
+        Y5 = te.compute((N, groups, per_group, OH, OW), grouped, name=f"{name}_groups")
+        return te.compute((N, F, OH, OW), lambda n, f, y, x: Y5[n, f // per_group, f % per_group, y, x], name=name)
 
     def body(n, f, y, x):
         c = rc if groups == 1 else (f // per_group) * cg_ + rc
