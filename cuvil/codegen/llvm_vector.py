@@ -380,8 +380,36 @@ class VectorLoops:
             phi.add_incoming(fv, f_end)
             return Lanes(phi, None)
         if lazy:
-            return self._per_lane(e)
+            mask = self.vec(cond)
+            sides = [self._masked_side(e.t, mask), self._masked_side(e.f, b.not_(mask))]
+            if sides[0] is None or sides[1] is None:
+                return self._per_lane(e)
+            return Lanes(b.select(mask, sides[0], sides[1]), None)
         return Lanes(b.select(cond.value, self.vec(self.vexpr(e.t)), self.vec(self.vexpr(e.f))), None)
+
+    def _masked_side(self, e: Expr, mask: ir.Value) -> ir.Value | None:
+        """One side of a select whose condition varies across lanes: as a vector when it reads no memory,
+        a masked load (lanes off the mask are not read: a padded window's edge) when it is one unit-stride
+        load; None otherwise (the select is then evaluated lane by lane)."""
+        if not _reads_memory(e):
+            return self.vec(self.vexpr(e))
+        if not isinstance(e, Load) or e.dtype != e.buffer.dtype:
+            return None
+        b = self.builder
+        ptr, flat = self._vflat(e.buffer, e.indices)
+        if flat.stride != 1:
+            return None
+        mt = mem_type(e.dtype)
+        vt = ir.VectorType(mt, mask.type.count)
+        suffix = f"v{vt.count}" + (f"i{mt.width}" if isinstance(mt, ir.IntType) else
+                                   {"float": "f32", "double": "f64", "half": "f16"}[str(mt)])
+        name = f"llvm.masked.load.{suffix}.p0"
+        fn = b.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(b.module, ir.FunctionType(vt, [ir.PointerType(), I32, mask.type, vt]), name)
+        addr = b.gep(ptr, [flat.value], inbounds=True, source_etype=mt)
+        v = b.call(fn, [addr, ir.Constant(I32, dt.nbytes(e.dtype)), mask, ir.Constant(vt, None)])
+        return self._from_memory(v, e.dtype)
 
     def _vflat(self, buffer: Any, indices: tuple[Expr, ...]) -> tuple[ir.Value, Lanes]:
         """The buffer's pointer and the row-major flat index (int64 lanes) of ``indices``."""
