@@ -84,6 +84,10 @@ def compile_cmd(args: argparse.Namespace) -> int:
             last[0] = text
 
     graph = optimize(graph, dump=dump)
+    if args.dump:
+        from cuvil.graph.fuse import fusion_groups, groups_str
+
+        print(f"== fusion groups (one kernel each)\n{groups_str(graph, fusion_groups(graph))}")
     signatures = [_parse_shapes(text) for text in args.shapes]
     shapes = {}
     for v in graph.feeds:

@@ -57,6 +57,8 @@ def test_compile_dump_shows_each_pass_and_the_calls(model_path, capsys):
     imported, after = text.split("== after remove identities")
     assert "h = Identity(h0)" in imported and "Identity" not in after.split("== after")[0]
     assert "== after dead nodes" in text and "(unchanged)" in text
+    groups = text.split("== fusion groups (one kernel each)")[1].split("== kernel calls")[0]
+    assert "MatMul" in groups and "Sigmoid" in groups
     calls = text.split("== kernel calls")[1]
     assert re.search(r"k0: \S*MatMul", calls) and "input 'x'" in calls and "constant" in calls
     assert "outputs: y = %" in calls and "func k0(" not in text
