@@ -7,7 +7,8 @@ A *configuration* sets every knob of every tunable stage::
 and :func:`cuvil.schedule.auto.auto_schedule` turns it into a schedule (isl checks it; a
 combination it refuses leaves that stage to the plain strategy, so every point is a legal
 schedule).  :meth:`Space.default` is the configuration the untuned auto-scheduler picks
-itself, spelled out, so the first trial of every tuning run is the untuned schedule.
+itself (:func:`cuvil.schedule.auto.default_knobs`), so the first trial of every tuning run is
+the untuned schedule.
 
 :meth:`Space.features` describes the loop nest a configuration produces, without
 building it (a build costs as much as a measurement): register-tile shape and register
@@ -40,7 +41,7 @@ class Space:
     """The knobs of one program for one target, with the facts its features need."""
 
     def __init__(self, args: Sequence[Any], target: Any = "llvm", threads: int = 1):
-        from cuvil.schedule.auto import PARALLEL_MIN_WORK, AutoScheduler, knob_space
+        from cuvil.schedule.auto import AutoScheduler, default_knobs, knob_space
         from cuvil.schedule.axes import const_int
         from cuvil.schedule.schedule import Schedule
         from cuvil.target import Target
@@ -56,42 +57,24 @@ class Space:
         outs = [a for a in args if isinstance(a, Tensor) and not isinstance(a.op, PlaceholderOp)]
         s = Schedule(outs)
         sch = AutoScheduler(s, [s[o] for o in outs], self.target)
+        chosen = default_knobs(args, self.target)  # the untuned scheduler's own choices: trial 0
         self.facts: dict[str, dict[str, Any]] = {}
         self._default: Config = {}
         for st in s.compute_stages:
             if st.name not in self.knobs:
                 continue
             op = st.op
-            work = sch._work(st)
-            facts: dict[str, Any] = {"work": work, "dtype_bytes": max(1, _bytes(op.dtype))}
-            default: dict[str, Any] = {}
+            facts: dict[str, Any] = {"work": sch._work(st), "dtype_bytes": max(1, _bytes(op.dtype))}
+            default = chosen.get(st.name, {})
             if isinstance(op, ComputeOp) and op.reduce_axis and "candidate" in self.knobs[st.name]:
-                cands = sch.candidates(op)
-                chosen = sch.choose(op)
                 red = math.prod(const_int(a.extent) or 1024 for a in op.reduce_axis)
                 facts.update(lanes=sch.lanes(op.dtype), regs=32 if sch.bits >= 512 else 16, reduce=red,
                              cands=[{"i": const_int(c.i.extent) or 1024, "j": const_int(c.j.extent) or 1024,
                                      "packable": c.pack_dim is not None or sch._packable(c, 16) is not None,
-                                     "must_pack": c.pack_dim is not None} for c in cands])
-                idx = next((k for k, c in enumerate(cands) if chosen is not None and c.i is chosen.i and c.j is chosen.j
-                            and c.pack_dim == chosen.pack_dim), 0)
-                mr, nr = sch._tile_sizes(cands[idx], op.dtype)
-                packed = facts["cands"][idx]["packable"]
-                default = {"candidate": idx, "mr": mr, "nr": nr, "pack": True, "panels_outer": bool(packed),
-                           "parallel": work >= PARALLEL_MIN_WORK}
-                facts["default_candidate"] = idx
-            else:
-                default = {"parallel": sch._big(st)}
-                if "lanes" in self.knobs[st.name]:
-                    default["lanes"] = True
+                                     "must_pack": c.pack_dim is not None} for c in sch.candidates(op)],
+                             default_candidate=int(default.get("candidate", 0)))
             self.facts[st.name] = facts
             self._default[st.name] = {k: v for k, v in default.items() if k in self.knobs[st.name]}
-        import cuvil.schedule.auto as auto
-
-        if hasattr(auto, "default_knobs"):  # the scheduler's own statement of its choices, where it makes one
-            for st_name, kn in auto.default_knobs(args, self.target).items():
-                if st_name in self._default:
-                    self._default[st_name].update({k: v for k, v in kn.items() if k in self.knobs[st_name]})
         self.size = math.prod(len(vals) for kn in self.knobs.values() for vals in kn.values())
 
     # -- points ---------------------------------------------------------------------------
