@@ -423,9 +423,46 @@ class AutoScheduler:
     def reduction(self, st: Stage) -> None:
         if self.knobs.get(st.name, {}).get("lanes", True) and self._vector_reduction(st):
             return
+        if self._window_reduction(st):
+            return
         loop = _outer_loop(st)
         if loop is not None and self.knobs.get(st.name, {}).get("parallel", self._big(st)):
             st.parallel(loop)
+
+    def _window_reduction(self, st: Stage) -> bool:
+        """A reduction over a small window (pooling, a depthwise convolution): the window loops run
+        outside the innermost output axis, which is vectorised (each window tap updates a row of
+        results)::
+
+            for (y) for (x) for (ry < 3) for (rx < 3)        for (y) for (ry < 3) for (rx < 3)
+              Y[y, x] = max(Y[y, x], X[2y + ry, 2x + rx])  ->  for (x.o) vector(16) Y[y, x] = max(Y[y, x], X[..])
+        """
+        op = st.op
+        data = [a for a in st.leaves if a.kind == "data"]
+        red = [a for a in st.leaves if a.kind == "reduce"]
+        if not data or not red or list(st.leaves) != data + red:
+            return False
+        inner = data[-1]
+        ext = const_int(inner.extent)
+        window = math.prod(const_int(r.extent) or 1 << 20 for r in red)
+        v = self.lanes(op.dtype)
+        if ext is None or ext < v // 2 or window > 64:
+            return False
+        reads = [n for n in walk(op.body) if isinstance(n, TensorRead) and any(_uses(ix, inner) for ix in n.indices)]
+        if not all(unit_stride_last(r, inner) for r in reads):
+            return False  # a strided window (pooling with stride 2): gathers cost more than they save
+        try:
+            with self.s.deferred_checks(self.outputs):
+                st.reorder(*data[:-1], *red, inner)
+                if ext > v:
+                    _, inner = st.split(inner, factor=v)
+                st.vectorize(inner)
+                loop = _outer_loop(st)
+                if loop is not None and self.knobs.get(st.name, {}).get("parallel", self._big(st)):
+                    st.parallel(loop)
+        except ScheduleError:
+            return False
+        return True
 
     def _vector_reduction(self, st: Stage) -> bool:
         """A row reduction over one unit-stride axis: ``v`` partial results in vector lanes (rfactor; the
