@@ -234,15 +234,20 @@ class AutoScheduler:
         if c.panel is not None:  # an operand packed in panels: a tile column per panel column
             nr = c.panel
         regs = 32 if self.bits >= 512 else 16
-        nv = max(1, -(-nr // v))
         ext_i = const_int(c.i.extent)
+        # MR x NV accumulators + NV operand vectors + a broadcast fit the register file. On AVX-512, long
+        # row ranges with at least four vectors of columns get 6 x 4 vectors (24 accumulators, 2.4
+        # multiply-adds per load, and the other operand is read once per 64 columns instead of 32: the
+        # autotuner's best on 1024^3, 1.05-1.12x numpy against 0.90-0.96x for 12 x 2); 8 x 2 otherwise
+        # (wider or taller tiles lost on the ResNet convolutions, whose rows are 64-256 filters)
+        big = (ext_i is not None and ext_i >= BIG_TILE_ROWS and regs >= 32 and c.panel is None
+               and ext_j is not None and ext_j >= 4 * v)
+        if big:
+            nr = 4 * v
+        nv = max(1, -(-nr // v))
         if ext_j is not None and ext_j < nr:
             nr = max(1, ext_j)
-        # MR x NV accumulators + NV operand vectors + a broadcast fit the register file. 12 x 2 vectors on
-        # AVX-512 for long row ranges of full vectors (1024^3 matmul: 0.8 -> 1.0x numpy); 8 rows otherwise
-        # (measured: 12-row tiles lost on the ResNet convolutions, whose rows are 64-256 filters)
-        big = ext_i is not None and ext_i >= BIG_TILE_ROWS and nr % v == 0 and nv == 2 and regs >= 32
-        mr = 12 if big else max(1, min(8, (regs - 4) // 2 - 2))
+        mr = 6 if big else max(1, min(8, (regs - 4) // 2 - 2))
         if ext_i is not None and ext_i < mr:
             mr = max(1, ext_i)
         if ext_i is not None and ext_i % mr:
@@ -251,8 +256,7 @@ class AutoScheduler:
                 used = ext_i / (-(-ext_i // m) * m)
                 return (round(used * m * nv / (m + nv), 6), used)
 
-            lo = mr // 2 if not big else 8
-            mr = max(range(max(1, lo), mr + 1), key=score)
+            mr = max(range(max(1, mr // 2), mr + 1), key=score)
         return mr, nr
 
     def _intensity(self, c: Contraction, op: ComputeOp) -> float:
@@ -331,11 +335,6 @@ class AutoScheduler:
         rest = [a for a in outer.leaves if not any(a is b for b in (io, jo, ii, ji))]
         panels_outer = k.get("panels_outer", pack is not None or c.panel is not None)  # a panel stays in cache
         order = [jo, *rest, io] if panels_outer else [*rest, io, jo]
-        group = int(k.get("group", 1))  # column panels that share each row tile's reads of the other operand
-        ext_jo = const_int(jo.extent) or 0
-        if panels_outer and 1 < group < ext_jo:
-            jo, jg = outer.split(jo, factor=group)
-            order = [jo, *rest, io, jg]
         outer.reorder(*order)
         # fuse the outer loops into one parallel loop, except a tile loop with a tail: fused, its tail
         # could not be versioned apart (full tiles then keep constant inner bounds)
@@ -625,7 +624,6 @@ KNOBS = {
     "nr": "contraction: columns of the register tile (vectorised; a multiple of the vector width)",
     "pack": "contraction: pack the vector operand into panels of nr columns (cache_read with a layout)",
     "panels_outer": "contraction: column panels outermost (a panel stays in cache while every row tile uses it)",
-    "group": "contraction: column panels run one after another for each row tile (its rows stay in cache)",
     "parallel": "run the outer loop on threads",
     "lanes": "row reduction: keep vector-lane partial results (rfactor)",
 }
@@ -662,7 +660,6 @@ def knob_space(args: Sequence[Any], target: Any = "llvm") -> dict[str, dict[str,
             "nr": sorted({nr for _, nr in tiles}),
             "pack": [True, False],
             "panels_outer": [True, False],
-            "group": [1, 2, 4, 8],
             "parallel": [True, False],
         }
     return space
@@ -690,7 +687,7 @@ def default_knobs(args: Sequence[Any], target: Any = "llvm") -> dict[str, dict[s
             mr, nr = sch._tile_sizes(c, op.dtype)
             packed = c.panel is None and sch._packable(c, nr, op) is not None
             chosen[st.name] = {"candidate": idx, "mr": mr, "nr": nr, "pack": True,
-                               "panels_outer": packed or c.panel is not None, "group": 1,
+                               "panels_outer": packed or c.panel is not None,
                                "parallel": sch._work(st) >= PARALLEL_MIN_WORK}
         else:
             chosen[st.name] = {"parallel": sch._big(st)} | ({"lanes": True} if "lanes" in space[st.name] else {})
