@@ -46,7 +46,7 @@ from cuvil.schedule.schedule import Schedule, Stage
 from cuvil.te.tensor import ComputeOp, PlaceholderOp, Tensor
 
 PARALLEL_MIN_WORK = 1 << 22  # multiply-adds a contraction needs before its tile loop runs on threads
-BIG_TILE_ROWS = 512  # rows from which a contraction gets the 12-row register tile (see _tile_sizes)
+BIG_TILE_ROWS = 512  # rows from which a contraction gets the 6 x 4-vector register tile (see _tile_sizes)
 PACK_GAIN = 1.25  # how much more work per load a tile must get before an operand is packed to make it
 
 
