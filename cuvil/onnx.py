@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from cuvil.errors import ArgumentError, DTypeError, ShapeError
+from cuvil.runtime.call import check_feed_names
 
 __all__ = ["InferenceSession", "NodeArg"]
 
@@ -161,16 +162,8 @@ class InferenceSession:
                 return prog
 
     def _check_feeds(self, input_feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        if not isinstance(input_feed, Mapping):
-            raise ArgumentError(f"the feeds must be a dict {{input name: array}}, got {type(input_feed).__name__}")
         expected = {v.name: v for v in self._feeds}
-        extra = [n for n in input_feed if n not in expected]
-        if extra:
-            raise ArgumentError(f"unknown input(s) {', '.join(repr(n) for n in extra)}; the model's inputs are "
-                                f"{', '.join(expected)}")
-        missing = [n for n in expected if n not in input_feed]
-        if missing:
-            raise ArgumentError(f"missing input(s) {', '.join(repr(n) for n in missing)}")
+        check_feed_names(input_feed, list(expected))
         feeds: dict[str, np.ndarray] = {}
         symbols: dict[str, tuple[int, str]] = {}
         for n, v in expected.items():

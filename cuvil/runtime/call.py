@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -301,3 +302,17 @@ class NativeFunction:
     @property
     def signature(self) -> str:
         return self.plan.signature()
+
+
+def check_feed_names(input_feed: Any, expected: Sequence[str]) -> None:
+    """``input_feed`` is a dict naming each of a model's ``expected`` inputs and nothing else (the
+    session's and the loaded library's ``run``)."""
+    if not isinstance(input_feed, Mapping):
+        raise ArgumentError(f"the feeds must be a dict {{input name: array}}, got {type(input_feed).__name__}")
+    extra = [n for n in input_feed if n not in expected]
+    if extra:
+        raise ArgumentError(f"unknown input(s) {', '.join(repr(n) for n in extra)}; the model's inputs are "
+                            f"{', '.join(expected)}")
+    missing = [n for n in expected if n not in input_feed]
+    if missing:
+        raise ArgumentError(f"missing input(s) {', '.join(repr(n) for n in missing)}")

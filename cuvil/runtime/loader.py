@@ -19,7 +19,7 @@ import numpy as np
 
 from cuvil.errors import ArgumentError, CuvilError, DTypeError, ShapeError
 from cuvil.runtime import threads
-from cuvil.runtime.call import CFUNC, CallPlan, NativeFunction
+from cuvil.runtime.call import CFUNC, CallPlan, NativeFunction, check_feed_names
 from cuvil.runtime.meta import ABI_VERSION
 
 MODEL_ABIS = (1, 2)  # cuvil.graph.export: MODEL_ABI (fixed shapes), SIZES_ABI (symbolic sizes first); not
@@ -181,16 +181,8 @@ class LoadedModel:
         return values
 
     def _check_feeds(self, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
-        if not isinstance(input_feed, Mapping):
-            raise ArgumentError(f"the feeds must be a dict {{input name: array}}, got {type(input_feed).__name__}")
         expected = [n for n, *_ in self._inputs]
-        extra = [n for n in input_feed if n not in expected]
-        if extra:
-            raise ArgumentError(f"unknown input(s) {', '.join(repr(n) for n in extra)}; the model's inputs are "
-                                f"{', '.join(expected)}")
-        missing = [n for n in expected if n not in input_feed]
-        if missing:
-            raise ArgumentError(f"missing input(s) {', '.join(repr(n) for n in missing)}")
+        check_feed_names(input_feed, expected)
         out = []
         for n, shape, dtype, type_str in self._inputs:
             a = input_feed[n]
