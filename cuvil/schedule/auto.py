@@ -445,7 +445,7 @@ class AutoScheduler:
         ext = const_int(inner.extent)
         window = math.prod(const_int(r.extent) or 1 << 20 for r in red)
         v = self.lanes(op.dtype)
-        if ext is None or ext < v // 2 or window > 64:
+        if ext is None or ext < 4 or window > 64:
             return False
         reads = [n for n in walk(op.body) if isinstance(n, TensorRead) and any(_uses(ix, inner) for ix in n.indices)]
         if not all(unit_stride_last(r, inner) for r in reads):
@@ -529,8 +529,8 @@ class AutoScheduler:
             except ScheduleError:
                 if strict:
                     raise
-        elif ext is not None and ext >= v:
-            _, xi = st.split(inner, factor=v)
+        elif ext is not None and ext >= 4 and (ext >= v or len(axes) > 1):
+            xi = st.split(inner, factor=v)[1] if ext > v else inner  # a short row: one partial vector
             try:
                 st.vectorize(xi)
             except ScheduleError:
