@@ -86,13 +86,19 @@ class InferenceSession:
         for n in output_names:
             if n not in names:
                 raise ArgumentError(f"{n!r} is not an output of the model; outputs: {', '.join(names)}")
-        shapes = {n: a.shape for n, a in feeds.items()}
-        while True:
-            try:
-                prog = self._compiled(shapes, {n: feeds[n] for n in self._specialised})
-                break
-            except _Retry:
-                continue  # an input decides a shape: specialise on its value too
+        fast = self.__dict__.setdefault("_by_shapes", {})  # shapes -> program, when no input is specialised on
+        sig = tuple(a.shape for a in feeds.values())
+        prog = fast.get(sig) if not self._specialised else None
+        if prog is None:
+            shapes = {n: a.shape for n, a in feeds.items()}
+            while True:
+                try:
+                    prog = self._compiled(shapes, {n: feeds[n] for n in self._specialised})
+                    break
+                except _Retry:
+                    continue  # an input decides a shape: specialise on its value too
+            if not self._specialised:
+                fast[sig] = prog
         results = prog.run(feeds)
         return [results[n] for n in output_names]
 

@@ -299,7 +299,7 @@ class CompiledGraph:
     def run_buffers(self, arrays: list[np.ndarray]) -> None:
         """One run of every kernel on ``arrays`` (from :meth:`buffers`)."""
         if self.module is not None:
-            rc = self.module([a.ctypes.data for a in arrays])
+            rc = self.module(self._pointers(arrays))
             if rc:
                 raise CuvilError("the compiled model failed to allocate its temporary memory (status "
                                  f"{rc})")
@@ -327,6 +327,19 @@ class CompiledGraph:
                     last = kept[k] = np.empty(max(s.size, 1), s.dtype)
                 arrays[k] = last
         return arrays  # type: ignore[return-value]
+
+    def _pointers(self, arrays: list[np.ndarray]) -> list[int]:
+        """The data pointers of ``arrays``: constants' and the arena's once per thread (a numpy array's
+        pointer costs microseconds to read; a model has a hundred buffers), the rest each run."""
+        kept = self._kept()
+        fixed = kept.get("pointers")
+        arena = kept.get("arena")
+        if fixed is None or kept.get("pointers_of") is not arena:
+            base = arena.ctypes.data if arena is not None else 0
+            fixed = {k: a.ctypes.data for k, a in self._consts.items()}
+            fixed.update({k: base + off for k, off in self.memory.offsets.items()})
+            kept["pointers"], kept["pointers_of"] = fixed, arena  # type: ignore[assignment]
+        return [fixed[k] if k in fixed else a.ctypes.data for k, a in enumerate(arrays)]
 
     def _kept(self) -> dict[Any, np.ndarray]:
         """This thread's buffers from its last run: the arena, and the outputs (a thread runs one model
