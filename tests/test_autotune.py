@@ -98,6 +98,13 @@ def test_database_best_count_resume_and_jsonl(tmp_path) -> None:
         late.ref_time_s, late.created = 1e-3, now + 3
         db.add(late)
         assert db.final_stale("f", "tgt", 1) and db.best("f", "tgt", 1).config == {"C": {"mr": 4}}
+    with Database(":memory:") as db:  # a winner within FINAL_MARGIN of the untuned schedule does not replace it
+        for r in (_rec("m", 1, 1e-3), _rec("m", 2, 0.5e-3)):
+            r.ref_time_s = 1e-3
+            db.add(r)
+        h = [config_hash({"C": {"mr": i}}) for i in (1, 2)]
+        db.set_final("m", "tgt", 1, [(h[0], 2e-3, 2e-3), (h[1], 1.98e-3, 2e-3)], when=time.time() + 1)
+        assert db.best("m", "tgt", 1).config == {"C": {"mr": 1}}
     with Database(":memory:") as db:
         db.import_jsonl(tmp_path / "final.jsonl")
         assert db.best("f", "tgt", 1).final_round == now + 2

@@ -9,7 +9,7 @@ import pytest
 
 import cuvil
 from cuvil import te
-from cuvil.autotune.database import Database
+from cuvil.autotune.database import FINAL_MARGIN, Database
 from cuvil.autotune.measure import LocalBuilder, LocalRunner
 
 autotune_faults = pytest.importorskip("autotune_faults")  # tests/ is on sys.path (conftest)
@@ -40,7 +40,9 @@ def test_tune_rerun_and_build_from_the_database(tmp_path, caplog) -> None:
     finalists = [r for r in recs if r.final_relative is not None]
     assert len(finalists) == len(res.final) == sum(r.ok for r in recs) and recs[0] in finalists
     assert recs[0].final_relative == 1.0 and min(rel for _, rel in res.final) == pytest.approx(1 / res.speedup)
-    best = min(finalists, key=lambda r: r.final_relative)  # the database's best: the final round's winner
+    best = min(finalists, key=lambda r: r.final_relative)  # the database's best: the final round's winner,
+    if best.final_relative > 1.0 - FINAL_MARGIN:  # or the untuned schedule when it is not clearly faster
+        best = recs[0]
     assert best.config == res.config and best.final_time_s == res.best_time_s and res.speedup >= 1.0
     # the same computation under other names gets the best record's trace
     X, W, Y = matmul(48, "XWYr")

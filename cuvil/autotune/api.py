@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.autotune.database import Database, Record
+from cuvil.autotune.database import FINAL_MARGIN, Database, Record
 from cuvil.autotune.measure import Builder, BuildJob, BuildResult, LocalBuilder, LocalRunner, Runner
 from cuvil.autotune.search import STRATEGIES, Search
 from cuvil.autotune.space import Space, config_hash
@@ -319,6 +319,8 @@ def _final_round(wl: Workload, threads: int, db: Database, space: Space, builder
     out = sorted(((c, t / ref) for _, c, t, ref in entries), key=lambda x: x[1])
     if show:
         won = "the untuned schedule" if config_hash(out[0][0]) == dh else f"{1 / out[0][1]:.2f}x the untuned"
+        if config_hash(out[0][0]) != dh and out[0][1] > 1.0 - FINAL_MARGIN:
+            won = f"the untuned schedule (the fastest other, {1 / out[0][1]:.2f}x, is within the margin)"
         print(f"[cuvil tune {wl.key}] final round of {len(entries)} ({rounds} rounds): {won}", file=sys.stderr)
     return out
 

@@ -28,6 +28,8 @@ from typing import Any
 from cuvil.autotune.workload import SCHEMA_VERSION
 from cuvil.errors import ArgumentError, CuvilError
 
+FINAL_MARGIN = 0.03  # a final round's winner must beat the untuned schedule by this much to replace it (timing
+# the same kernels in the runner and in the user's process differs by a few percent on this machine)
 STATUSES = ("ok", "build_error", "build_timeout", "build_crash", "run_error", "run_timeout", "run_crash", "wrong")
 
 _SCHEMA = """
@@ -216,7 +218,8 @@ class Database:
         """The fastest correct record (any thread count when ``threads`` is None).
 
         When a tuning run ended with a final round (its best candidates and the untuned schedule timed
-        against each other) and nothing was measured after it, the winner of that round.  Otherwise
+        against each other) and nothing was measured after it, the winner of that round (the untuned schedule
+        unless the winner is at least :data:`FINAL_MARGIN` faster).  Otherwise
         (:meth:`final_stale`) records are compared by their
         time relative to the untuned schedule timed beside them, so a candidate that happened to run while
         the machine was quiet does not win on luck; records without that reference time compare by their
@@ -230,7 +233,12 @@ class Database:
         finals = [r for r in recs if r.final_relative is not None]
         last = max((r.final_round for r in finals), default=None)  # type: ignore[type-var]
         if last is not None and last >= max(r.created for r in recs):  # nothing measured since that round
-            return min((r for r in finals if r.final_round == last), key=lambda r: r.final_relative)  # type: ignore
+            round_ = [r for r in finals if r.final_round == last]
+            win = min(round_, key=lambda r: r.final_relative)  # type: ignore[arg-type,return-value]
+            untuned = [r for r in round_ if r.final_time_s == r.final_ref_s]  # its ratio to itself: exactly 1
+            if untuned and win.final_relative > 1.0 - FINAL_MARGIN:  # type: ignore[operator]
+                return untuned[0]  # not clearly faster than the untuned schedule: keep that
+            return win
         refs = sorted(r.ref_time_s for r in recs if r.ref_time_s)
         mid = refs[len(refs) // 2] if refs else 1.0
         return min(recs, key=lambda r: (r.time_s / r.ref_time_s) if r.ref_time_s else r.time_s / mid)  # type: ignore
