@@ -221,13 +221,15 @@ def _number(warm: Sequence[float], opts: dict[str, Any]) -> int:
 def _final_round(entries: list[tuple[Any, list[Any], int]], call_fn: Callable[..., Any], flush: np.ndarray,
                  opts: dict[str, Any], ref: Sequence[np.ndarray]) -> list[tuple[str, float | None, float | None, str]]:
     """The end of a tuning run: ``entries`` (module, arrays, trial; the first is the untuned schedule) timed
-    against each other in the same process and the same way as every candidate.
+    against each other in the same process.
 
     Each entry is called and checked again (the warm-up) and called once more with warm caches (its count of
     calls per run: :func:`_number`); then ``rounds`` rounds in which every entry is timed once, after a cache
-    flush, each round starting at the next entry (no entry always runs right after the
-    flush of another's turn or first in a round).  Per entry: status, median seconds per call, the median
-    over rounds of its time divided by the untuned schedule's in the same round, and an error."""
+    flush and one untimed call (the steady state of a kernel called in a loop, as the user's process and
+    numpy's timing see it: timed straight after the flush, a 1024^3 matmul carries ~5% of cold misses, as
+    much as finalists differ by), each round starting at the next entry.  Per entry: status, median seconds
+    per call, the median over rounds of its time divided by the untuned schedule's in the same round, and
+    an error."""
     warm: dict[int, float] = {}
     errors: list[str] = []
     for k, (mod, arrays, trial) in enumerate(entries):
@@ -242,7 +244,8 @@ def _final_round(entries: list[tuple[Any, list[Any], int]], call_fn: Callable[..
     for r in range(rounds):
         for k in live[r % len(live):] + live[: r % len(live)] if live else []:
             mod, arrays, trial = entries[k]
-            times[k].append(_timed(call_fn, flush, mod, arrays, trial, number))
+            _timed(call_fn, flush, mod, arrays, trial, 1)  # from a flushed cache, then warm: as in a user's loop
+            times[k].append(_timed(call_fn, None, mod, arrays, trial, number))
     base = times.get(0)
     out: list[tuple[str, float | None, float | None, str]] = []
     for k in range(len(entries)):
