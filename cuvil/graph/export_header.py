@@ -254,7 +254,9 @@ def model_header(meta: dict[str, Any], lib_name: str) -> str:
     lines += [
         "/* Threads for the parallel loops of later calls; n <= 0 (the default) lets libgomp choose",
         " * (OMP_NUM_THREADS, else all cores). Set it before starting calls from several threads."
-        + ("" if gomp else f"\n * ({lib_name} has no parallel loop: this only records n.)") + " */",
+        + (" On a shared\n * machine run with OMP_WAIT_POLICY=passive (cuvil's Python loader sets it): libgomp's"
+           "\n * spinning idle threads otherwise take the cores the team needs." if gomp else
+           f"\n * ({lib_name} has no parallel loop: this only records n.)") + " */",
         f"void {p}_set_num_threads(int32_t n);", "",
         "/* The interface above as JSON: inputs and outputs (name, dtype, shape), workspace, target"
         + (", sizes\n * and signatures." if sizes else ".") + " */",
