@@ -12,8 +12,8 @@ measure nothing), and the kernel ``cuvil.build(..., tuning_db=db)`` gives (the f
 here in interleaved rounds beside the untuned schedule and numpy (pinned to the same thread count), so those
 columns share one machine state; guided's best after half the trials and random's after all of them are timed
 in the same rounds (the search claim without the in-run noise).  ``--dir`` keeps the database files; given
-the folder of an earlier run, nothing is tuned again and only the timing is redone.  Timings on a shared 2-core machine are noisy: the load (``uptime``) is
-printed with each seed.
+the folder of an earlier run, nothing is tuned again and only the timing is redone.  Timings on a shared
+2-core machine are noisy: the load average is printed with each seed.
 """
 
 from __future__ import annotations
