@@ -236,12 +236,13 @@ class AutoScheduler:
         regs = 32 if self.bits >= 512 else 16
         ext_i = const_int(c.i.extent)
         # MR x NV accumulators + NV operand vectors + a broadcast fit the register file. On AVX-512, long
-        # row ranges with at least four vectors of columns get 6 x 4 vectors (24 accumulators, 2.4
+        # row ranges with at least four vectors of columns of an operand that needs no transposing copy
+        # get 6 x 4 vectors (24 accumulators, 2.4
         # multiply-adds per load, and the other operand is read once per 64 columns instead of 32: the
         # autotuner's best on 1024^3, 1.05-1.12x numpy against 0.90-0.96x for 12 x 2); 8 x 2 otherwise
         # (wider or taller tiles lost on the ResNet convolutions, whose rows are 64-256 filters)
         big = (ext_i is not None and ext_i >= BIG_TILE_ROWS and regs >= 32 and c.panel is None
-               and ext_j is not None and ext_j >= 4 * v)
+               and c.pack_dim is None and ext_j is not None and ext_j >= 4 * v)
         if big:
             nr = 4 * v
         nv = max(1, -(-nr // v))
