@@ -1,0 +1,317 @@
+"""The automatic scheduler's strategies for stages that are not contractions (see cuvil.schedule.auto).
+
+Rows: a chain of per-row stages (softmax, layer norm) computed inside its last stage's row loop.
+Reductions: vector-lane partial results over one unit-stride axis (rfactor), or a small window's loops
+outside the vectorised output row.  Element-wise stages: the innermost axis vectorised (transposing reads
+in square blocks of a cache line's rows), the outermost data loop of more than one iteration in parallel.
+Every method uses the public primitives only, so isl proves each step; the caller proves a group of steps
+at once where they are legal by construction (``Schedule.deferred_checks``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from cuvil.errors import ScheduleError
+from cuvil.ir.expr import IterVar, TensorRead
+from cuvil.ir.functor import walk
+from cuvil.schedule.axes import const_int
+from cuvil.schedule.contraction import _uses, unit_stride_last
+from cuvil.schedule.schedule import Schedule, Stage
+from cuvil.te.tensor import ComputeOp
+
+
+def _dtype_bytes(dtype: str) -> int:
+    from cuvil import dtype as dt
+
+    return max(1, dt.bits(dtype) // 8)
+
+
+def dt_float(dtype: str) -> bool:
+    return dtype in ("float16", "float32", "float64")
+
+
+def _elementwise(st: Stage) -> bool:
+    return isinstance(st.op, ComputeOp) and not st.op.reduce_axis
+
+
+def _outer_loop(st: Stage) -> IterVar | None:
+    """The loop to run on threads: the outermost data loop of more than one iteration (a batch of one
+    in front does not hide the channels behind it), or None."""
+    for a in st.leaves:
+        if a.kind != "data":
+            return None  # not inside a reduction loop
+        ext = const_int(a.extent)
+        if ext != 1:
+            return a if ext is not None else None
+    return None
+
+
+def _readers(s: Schedule, st: Stage) -> list[Stage]:
+    return [r for r in s.compute_stages if s.reads(r, st)]
+
+
+class PlainStrategies:
+    """Mixed into :class:`cuvil.schedule.auto.AutoScheduler` (which sets ``s``, ``outputs``, ``target``,
+    ``knobs`` and ``bits``)."""
+
+    s: Schedule
+    outputs: list[Stage]
+    knobs: dict[str, Any]
+    target: Any
+    bits: int
+
+    def lanes(self, dtype: str) -> int:
+        from cuvil import dtype as dt
+
+        return max(4, self.bits // max(8, dt.bits(dtype) if dtype != "float16" else 32))
+
+    # -- rows: chains of per-row stages computed inside their consumer's row loop -----------
+    def _row_members(self, done: set[int]) -> dict[int, Stage]:
+        """Stages to compute inside the row loop of a reader, id(stage) -> that reader.
+
+        A stage qualifies when it is not an output, every reader reads it only at the reader's own first
+        axis (``mx[i]`` in ``e[i, j] = exp(X[i, j] - mx[i])``), over the same row extent, and its readers
+        are one stage of the plain strategies plus qualifying stages.  softmax, layer norm: one loop over
+        rows instead of one loop nest per stage, each row's intermediates used while in L1."""
+        s = self.s
+
+        def row_extent(st: Stage) -> int | None:
+            ok = isinstance(st.op, ComputeOp) and st.op.axis and st.attach == "root" and id(st) not in done
+            return const_int(st.op.axis[0].extent) if ok else None
+
+        def reads_row(reader: Stage, st: Stage) -> bool:
+            reads = [n for n in walk(reader.op.body) if isinstance(n, TensorRead) and s.stage_of(n.tensor) is st]
+            return bool(reads) and all(r.indices and r.indices[0] is reader.op.axis[0] for r in reads)
+
+        members: dict[int, Stage] = {}
+        group_root: dict[int, Stage] = {}  # id(member) -> the non-member stage its chain ends in
+        for st in reversed(list(s.compute_stages)):
+            ext = row_extent(st)
+            if ext is None or ext < 2 or any(st is o for o in self.outputs):
+                continue
+            readers = [r for r in _readers(s, st) if r.attach != "inline"]
+            if not readers or not all(row_extent(r) == ext and reads_row(r, st) for r in readers):
+                continue
+            roots = {id(group_root.get(id(r), r)): group_root.get(id(r), r) for r in readers}
+            if len(roots) != 1:
+                continue
+            (root,) = roots.values()
+            if any(id(r) not in members and r is not root for r in readers):
+                continue
+            members[id(st)] = root if any(r is root for r in readers) else readers[0]
+            group_root[id(st)] = root
+        return members
+
+    def _fuse_rows(self, members: dict[int, Stage], done: set[int]) -> None:
+        """Schedule each chain's last stage as usual, then its members without threads of their own,
+        each computed at the row loop of its reader (consumers first)."""
+        s = self.s
+        roots = {id(r): r for r in members.values() if id(r) not in members}
+        for st in reversed(list(s.compute_stages)):
+            if id(st) in roots:
+                self._plain(st, parallel=None)
+                done.add(id(st))
+            elif id(st) in members:
+                rf = self._plain(st, parallel=False)
+                reader = members[id(st)]
+                st.compute_at(reader, reader.op.axis[0])
+                if rf is not None:
+                    rf.compute_at(st, st.op.axis[0])
+                    done.add(id(rf))
+
+    def _plain(self, st: Stage, parallel: bool | None) -> Stage | None:
+        """The reduction or element-wise strategy without its own proof (the caller proves the whole);
+        returns the lane stage a vector reduction creates.  ``parallel=None``: decide by work."""
+        if st.op.reduce_axis:
+            rf = self._rfactor_lanes(st) if self.knobs.get(st.name, {}).get("lanes", True) else None
+            if parallel is not False and (self.knobs.get(st.name, {}).get("parallel", self._big(st))):
+                for stage in ([rf] if rf is not None else []) + [st]:
+                    loop = _outer_loop(stage)
+                    if loop is not None:
+                        stage.parallel(loop)
+            return rf
+        if parallel is False and len(st.op.axis) == 1:
+            return None  # one element per row
+        self._elementwise(st, strict=True, parallel=parallel)
+        return None
+
+    # -- strategies ---------------------------------------------------------------------
+    def reduction(self, st: Stage) -> None:
+        if self.knobs.get(st.name, {}).get("lanes", True) and self._vector_reduction(st):
+            return
+        if self._window_reduction(st):
+            return
+        loop = _outer_loop(st)
+        if loop is not None and self.knobs.get(st.name, {}).get("parallel", self._big(st)):
+            st.parallel(loop)
+
+    def _window_reduction(self, st: Stage) -> bool:
+        """A reduction over a small window (pooling, a depthwise convolution): the window loops run
+        outside the innermost output axis, which is vectorised (each window tap updates a row of
+        results)::
+
+            for (y) for (x) for (ry < 3) for (rx < 3)        for (y) for (ry < 3) for (rx < 3)
+              Y[y, x] = max(Y[y, x], X[2y + ry, 2x + rx])  ->  for (x.o) vector(16) Y[y, x] = max(Y[y, x], X[..])
+        """
+        op = st.op
+        data = [a for a in st.leaves if a.kind == "data"]
+        red = [a for a in st.leaves if a.kind == "reduce"]
+        if not data or not red or list(st.leaves) != data + red:
+            return False
+        inner = data[-1]
+        ext = const_int(inner.extent)
+        window = math.prod(const_int(r.extent) or 1 << 20 for r in red)
+        v = self.lanes(op.dtype)
+        if ext is None or ext < 4 or window > 64:
+            return False
+        reads = [n for n in walk(op.body) if isinstance(n, TensorRead) and any(_uses(ix, inner) for ix in n.indices)]
+        if not all(unit_stride_last(r, inner) for r in reads):
+            return False  # a strided window (pooling with stride 2): gathers cost more than they save
+        try:
+            with self.s.deferred_checks(self.outputs):
+                st.reorder(*data[:-1], *red, inner)
+                if ext > v:
+                    _, inner = st.split(inner, factor=v)
+                st.vectorize(inner)
+                loop = _outer_loop(st)
+                if loop is not None and self.knobs.get(st.name, {}).get("parallel", self._big(st)):
+                    st.parallel(loop)
+        except ScheduleError:
+            return False
+        return True
+
+    def _vector_reduction(self, st: Stage) -> bool:
+        """A row reduction over one unit-stride axis: ``v`` partial results in vector lanes (rfactor; the
+        reassociation is explicit in the schedule), then a short serial reduction of the lanes::
+
+            S.rf[i, l] = reduce(r.outer) X[i, r.outer * v + l]      (l vectorised)
+            S[i] = reduce(l) S.rf[i, l]
+        """
+        try:
+            with self.s.deferred_checks(self.outputs):
+                rf = self._rfactor_lanes(st)
+                if rf is None:
+                    return False
+                for stage in (rf, st):
+                    loop = _outer_loop(stage)
+                    if loop is not None and self._big(rf):
+                        stage.parallel(loop)
+        except ScheduleError:
+            return False
+        return True
+
+    def _rfactor_lanes(self, st: Stage) -> Stage | None:
+        """The lane stage of :meth:`_vector_reduction` (not proved here), or None when ``st`` is not a row
+        reduction over one unit-stride axis."""
+        op = st.op
+        if not isinstance(op, ComputeOp) or len(op.reduce_axis) != 1 or op.body.where is not None:
+            return None
+        (r,) = op.reduce_axis
+        v = self.lanes(op.dtype)
+        ext = const_int(r.extent)
+        if ext is None or ext % v or ext < 4 * v or not dt_float(op.dtype):
+            return None
+        reads = [n for n in walk(op.body.source) if isinstance(n, TensorRead)]
+        if not reads or not all(unit_stride_last(x, r) for x in reads):
+            return None
+        _, ri = st.split(r, factor=v)
+        rf = self.s[self.s.rfactor(op.output(0), ri, factor_axis=len(op.axis))]
+        lane = rf.op.axis[-1]
+        (ro,) = rf.op.reduce_axis
+        rf.reorder(ro, lane)
+        rf.vectorize(lane)
+        return rf
+
+    def elementwise(self, st: Stage) -> None:
+        """Split the innermost loop by the vector width and vectorise it, run the outer loop in parallel:
+        proved legal once for the whole stage (element-wise stages, packing copies: legal by construction);
+        if isl refuses, the steps are retried one by one and the refused ones left out."""
+        try:
+            with self.s.deferred_checks(self.outputs):
+                self._elementwise(st, strict=True)
+        except ScheduleError:
+            self._elementwise(st, strict=False)
+
+    def _elementwise(self, st: Stage, strict: bool, parallel: bool | None = None) -> None:
+        axes = list(st.leaves)
+        if not axes:
+            return
+        inner = axes[-1]
+        v = self.lanes(st.op.dtype)
+        ext = const_int(inner.extent)
+        rows = self._transposed_read(st)
+        if rows is not None and ext is not None and ext >= v:
+            try:
+                self._transpose_tiles(st, rows, inner, v)
+            except ScheduleError:
+                if strict:
+                    raise
+        elif ext is not None and ext >= 4 and (ext >= v or len(axes) > 1):
+            xi = st.split(inner, factor=v)[1] if ext > v else inner  # a short row: one partial vector
+            try:
+                st.vectorize(xi)
+            except ScheduleError:
+                if strict:
+                    raise
+        if parallel is False:
+            return
+        loop = _outer_loop(st)
+        if self.knobs.get(st.name, {}).get("parallel", self._big(st)) and loop is not None:
+            try:
+                st.parallel(loop)
+            except ScheduleError:
+                if strict:
+                    raise
+
+    def _transposed_read(self, st: Stage) -> IterVar | None:
+        """The axis ``a`` of an element-wise stage that a read walks with unit stride (its last index) while
+        that read takes the stage's innermost axis ``j`` in another dimension (``B[i, j] = A[j, i]``: a = i);
+        None when there is none, or the block would not hold a cache line of the read per row."""
+        op = st.op
+        if list(st.leaves) != list(op.axis) or len(op.axis) < 2:
+            return None
+        inner = op.axis[-1]
+        bytes_ = max(1, _dtype_bytes(op.dtype))
+        for n in walk(op.body):
+            if not isinstance(n, TensorRead) or not n.indices:
+                continue
+            last = n.indices[-1]
+            if (isinstance(last, IterVar) and last is not inner and any(last is a for a in op.axis)
+                    and any(ix is inner for ix in n.indices[:-1])):
+                ext = const_int(last.extent)
+                if ext is not None and ext * bytes_ >= 64:
+                    return last
+        return None
+
+    def _transpose_tiles(self, st: Stage, rows: IterVar, inner: IterVar, v: int) -> None:
+        """Square blocks of a cache line's rows for a transposing read, vectorised along the writes::
+
+            for (i < N) for (j.o < N / 16) vector(16) B[i, j] = A[j, i]     // each read a new cache line
+          ->
+            for (i.o < N / 16) for (j.o < N / 16) for (i.i < 16) vector(16) B[..] = A[..]  // a 16 x 16 block
+        """
+        t = max(v, 64 // max(1, _dtype_bytes(st.op.dtype)))
+        io, ii = st.split(rows, factor=t)
+        jo, ji = st.split(inner, factor=t)
+        keep = [a for a in st.leaves if not any(a is b for b in (io, ii, jo, ji))]
+        st.reorder(*keep, io, jo, ii, ji)
+        if t != v:
+            _, ji = st.split(ji, factor=v)
+        st.vectorize(ji)
+
+    @staticmethod
+    def _work(st: Stage) -> int:
+        total = 1
+        for a in st.roots:
+            e = const_int(a.extent)
+            total *= e if e is not None else 1024
+        return total
+
+    def _big(self, st: Stage) -> bool:
+        total = 1
+        for a in st.roots:
+            e = const_int(a.extent)
+            total *= e if e is not None else 1024
+        return total >= 32 * 1024
