@@ -60,6 +60,7 @@ class InferenceSession:
         self._feeds = self._graph.feeds
         self._specialised: set[str] = set()
         self._cache: dict[tuple, Any] = {}
+        self._by_shapes: dict[tuple, Any] = {}  # input shapes -> program, while no input is specialised on
         self._lock = threading.Lock()
         static = {v.name: v.shape for v in self._feeds}
         if all(s is not None and all(isinstance(d, int) for d in s) for s in static.values()):
@@ -86,7 +87,7 @@ class InferenceSession:
         for n in output_names:
             if n not in names:
                 raise ArgumentError(f"{n!r} is not an output of the model; outputs: {', '.join(names)}")
-        fast = self.__dict__.setdefault("_by_shapes", {})  # shapes -> program, when no input is specialised on
+        fast = self._by_shapes
         sig = tuple(a.shape for a in feeds.values())
         prog = fast.get(sig) if not self._specialised else None
         if prog is None:

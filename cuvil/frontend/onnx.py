@@ -278,6 +278,7 @@ class CompiledGraph:
         self._temp_bytes = {k: max(s.size, 1) * np.dtype(s.dtype).itemsize for k, s in enumerate(slots)
                             if s.kind == "temp" and k not in returned}
         self.memory = plan_memory(lifetimes([((), args) for _, args in calls], self._temp_bytes))
+        self._tls = threading.local()  # each thread's kept buffers (see _kept)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays = self.buffers(feeds)
@@ -345,12 +346,9 @@ class CompiledGraph:
         """This thread's buffers from its last run: the arena, and the outputs (a thread runs one model
         at a time).  Fresh multi-megabyte arrays on every run cost page faults: a depthwise convolution
         at 112x112 ran 0.78 ms on kept buffers and 1.87 ms on fresh ones."""
-        tls = self.__dict__.get("_tls")
-        if tls is None:
-            tls = self.__dict__.setdefault("_tls", threading.local())
-        kept = getattr(tls, "kept", None)
+        kept = getattr(self._tls, "kept", None)
         if kept is None:
-            kept = tls.kept = {}
+            kept = self._tls.kept = {}
         return kept
 
 
