@@ -11,3 +11,15 @@ from cuvil.zoo import (  # noqa: F401
     resnet18,
     resnet_block_model,
 )
+
+
+def float_model(nodes, inputs, outputs, inits):
+    """A float32 opset-17 model of ``nodes``: ``inputs`` as (name, shape) pairs, ``outputs`` by name (shapes
+    left to inference), ``inits`` as {name: array} initializers."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+                          [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])

@@ -6,7 +6,8 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import helper  # noqa: E402
+from onnx_models import float_model  # noqa: E402
 
 from cuvil.frontend.onnx import compile_graph, import_model  # noqa: E402
 from cuvil.graph.passes import graph_str, optimize  # noqa: E402
@@ -14,11 +15,7 @@ from cuvil.graph.passes import graph_str, optimize  # noqa: E402
 rng = np.random.default_rng(0)
 
 
-def _model(nodes, inputs, outputs, inits):
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
-                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
-                          [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+_model = float_model  # tests/onnx_models.py
 
 
 def _bn(prefix, c):
