@@ -77,6 +77,26 @@ def test_branch_condition_pins_the_tail_tile():
     assert "t < 8" in text and "C[t + 992]" in text, text
 
 
+def test_loop_guarded_by_its_own_bound_stops_there():
+    # isl bounds a loop over fused tiles by a hull and guards its body: for (t < 1169) if (t <= 783) body
+    from cuvil.ir.simplify import simplify_stmt
+    from cuvil.ir.stmt import Allocate, Buffer, For, If, Store
+
+    t = E.Var("int64", "t")
+    buf = Buffer("C", (E.const(784, "int64"),), "float32")
+    local = Buffer("C.local", (E.const(8, "int64"),), "float32", "local")
+    store = Store(buf, (t,), E.const(1.0, "float32"))
+    guard = E.Binary("bool", "le", t, E.const(783, "int64"))
+    loop = For(t, E.const(0, "int64"), E.const(1169, "int64"), Allocate(local, If(guard, store)), "parallel")
+    text = str(simplify_stmt(loop))
+    assert "t < 784" in text and "if" not in text, text
+    # an else branch, or a guard on the lower side, keeps the loop as it is
+    kept = For(t, E.const(0, "int64"), E.const(1169, "int64"), If(guard, store, store))
+    assert "t < 1169" in str(simplify_stmt(kept))
+    low = E.Binary("bool", "ge", t, E.const(5, "int64"))
+    assert "t < 1169" in str(simplify_stmt(For(t, E.const(0, "int64"), E.const(1169, "int64"), If(low, store))))
+
+
 def test_min_max_of_data_is_not_distributed_over_a_sum():
     """int64 data wraps: x + max(0, x) is not max(x, 2x) when 2x overflows (hypothesis found it)."""
     import numpy as np

@@ -262,6 +262,9 @@ def simplify_stmt(s: Stmt, bounds: Bounds | None = None) -> Stmt | None:
             return None
         if isinstance(ext, Const) and ext.value == 1 and s.kind == "serial":
             return simplify_stmt(LetStmt(s.var, s.min, body), bounds)
+        short = _guarded_extent(s.var, lo, ext, body, inner)
+        if short is not None:  # the loop's whole body is ``if (var <= c)``: the loop stops at c
+            ext, body = short, _unguard(body)
         return For(s.var, lo, ext, body, s.kind)
     if isinstance(s, If):
         c = simp.visit(s.cond)
@@ -289,6 +292,34 @@ def simplify_stmt(s: Stmt, bounds: Bounds | None = None) -> Stmt | None:
         body = simplify_stmt(s.body, bounds)
         return None if body is None else Allocate(s.buffer, body)
     raise TypeError(f"cannot simplify {type(s).__name__}")
+
+
+def _guarded_extent(var: Var, lo: Expr, ext: Expr, body: Stmt, bounds: Bounds) -> Const | None:
+    """The shorter extent of a loop whose whole body runs only below some bound of its own variable.
+
+    isl bounds a loop over tiles fused with ``fuse`` by a hull and guards the body with the exact bound;
+    a parallel loop chunked over its full extent then gives one thread the empty iterations::
+
+        parallel for (t = 0; t < 1169; t++)             parallel for (t = 0; t < 784; t++)
+          if (t <= 783) body                       ->     body
+    """
+    while isinstance(body, Allocate):  # a buffer per iteration around the guard
+        body = body.body
+    if not (isinstance(body, If) and body.else_body is None and isinstance(lo, Const) and isinstance(ext, Const)):
+        return None
+    refined = _refine(body.cond, False, bounds)
+    if refined is None or refined[0] is not var or refined[1] != int(lo.value):
+        return None
+    n = refined[2] - int(lo.value) + 1
+    return E.const(n, ext.dtype) if n < int(ext.value) else None
+
+
+def _unguard(body: Stmt) -> Stmt:
+    """``body`` (an ``If`` inside Allocates) without the ``If``."""
+    if isinstance(body, Allocate):
+        return Allocate(body.buffer, _unguard(body.body))
+    assert isinstance(body, If)
+    return body.then_body
 
 
 _FLIP = {"ge": "lt", "gt": "le", "le": "gt", "lt": "ge"}
