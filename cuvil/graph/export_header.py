@@ -254,8 +254,8 @@ def model_header(meta: dict[str, Any], lib_name: str) -> str:
     lines += [
         "/* Threads for the parallel loops of later calls; n <= 0 (the default) lets libgomp choose",
         " * (OMP_NUM_THREADS, else all cores). Set it before starting calls from several threads."
-        + (" On a shared\n * machine run with OMP_WAIT_POLICY=passive (cuvil's Python loader sets it): libgomp's"
-           "\n * spinning idle threads otherwise take the cores the team needs." if gomp else
+        + (" Run with\n * GOMP_SPINCOUNT=10000 (cuvil's Python loader sets it): libgomp's default spins for tens of"
+           "\n * ms, taking the cores a team member needs on a shared machine." if gomp else
            f"\n * ({lib_name} has no parallel loop: this only records n.)") + " */",
         f"void {p}_set_num_threads(int32_t n);", "",
         "/* The interface above as JSON: inputs and outputs (name, dtype, shape), workspace, target"

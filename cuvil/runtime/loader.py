@@ -218,7 +218,7 @@ def _open(path: str) -> Any:
     """dlopen ``path``; a file rewritten since this process opened it is opened afresh (dlopen would
     hand back the library already loaded under that name: a model exported again would run stale)."""
     _check_machine(path)
-    threads.prefer_passive_waits()  # before the library's libgomp loads (see there)
+    threads.prefer_short_spins()  # before the library's libgomp loads (see there)
     full = os.path.abspath(path)
     st = os.stat(full)
     ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
