@@ -227,6 +227,23 @@ def median_time(fn: Callable[[], Any], repeat: int = 5, budget_s: float = 0.2) -
     return float(np.median(ts))
 
 
+def interleaved(rivals: dict[str, Callable[[], Any]], rounds: int = 7, budget_s: float = 0.04
+                ) -> tuple[dict[str, float], dict[str, float]]:
+    """Median seconds of each rival and the median over rounds of (rival time / cuvil time).
+
+    Each round times every rival (a median of its calls for ``budget_s``) in a rotating order, so a
+    ratio compares times taken a moment apart: on a shared machine whose speed drifts by 10-40%
+    between seconds, the ratio of medians taken one after the other drifts with it."""
+    names = list(rivals)
+    per: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            per[n].append(median_time(rivals[n], 3, budget_s))
+    times = {n: float(np.median(v)) for n, v in per.items()}
+    ratios = {n: float(np.median([t / c for t, c in zip(v, per["cuvil"])])) for n, v in per.items()}
+    return times, ratios
+
+
 def _ort_session(model: Any, threads: int) -> Any:
     import onnxruntime as ort  # type: ignore[import-not-found]
 
@@ -236,7 +253,7 @@ def _ort_session(model: Any, threads: int) -> Any:
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-def run(threads: list[int], quick: bool = False, repeat: int = 5, only: str | None = None) -> int:
+def run(threads: list[int], quick: bool = False, rounds: int = 7, only: str | None = None) -> int:
     import cuvil
 
     try:
@@ -252,7 +269,8 @@ def run(threads: list[int], quick: bool = False, repeat: int = 5, only: str | No
         pinned = "numpy pinned with threadpoolctl"
     except ImportError:
         pinned = "numpy NOT pinned (pip install threadpoolctl)"
-    print(f"cuvil {cuvil.__version__}, auto_schedule, no tuning; {pinned}; ratio = reference time / cuvil time"
+    print(f"cuvil {cuvil.__version__}, auto_schedule, no tuning; {pinned}; ratio = reference time / cuvil time "
+          f"(median over {rounds} interleaved rounds)"
           + ("" if have_ort else "; onnxruntime not installed (pip install -e '.[bench]')"))
     peaks = {th: peak_flops(th) for th in threads}
     print("measured fp32 peak (a cuvil kernel of independent FMAs): "
@@ -289,11 +307,9 @@ def run(threads: list[int], quick: bool = False, repeat: int = 5, only: str | No
                 ok = False
                 print(f"{w.name}: WRONG (max rel err {err:.1e})")
         for th in threads:
-            with _threads(th):
-                t_c = median_time(call, repeat)
-                t_n = (median_time(lambda f=w.reference, i=inputs: f(*i), repeat)
-                       if w.reference is not None else None)
-            t_o = None
+            rivals: dict[str, Callable[[], Any]] = {"cuvil": call}
+            if w.reference is not None:
+                rivals["numpy"] = lambda f=w.reference, i=inputs: f(*i)
             if have_ort and w.onnx is not None:
                 sess = _ort_session(w.onnx(inputs), th)
                 feeds = {f"x{k}": x for k, x in enumerate(inputs) if k not in w.constants}
@@ -301,10 +317,13 @@ def run(threads: list[int], quick: bool = False, repeat: int = 5, only: str | No
                 if not np.allclose(got, outs[0], rtol=1e-3, atol=1e-3):
                     ok = False
                     print(f"{w.name}: cuvil and onnxruntime disagree")
-                t_o = median_time(lambda s_=sess, f_=feeds: s_.run(None, f_), repeat)
+                rivals["ort"] = lambda s_=sess, f_=feeds: s_.run(None, f_)
+            with _threads(th):
+                times, ratios = interleaved(rivals, rounds)
+            t_c, t_n, t_o = times["cuvil"], times.get("numpy"), times.get("ort")
             rate = f"{w.flops / t_c / 1e9:8.1f} GFLOP/s" if w.flops else f"{w.nbytes / t_c / 1e9:8.1f} GB/s  "
             share = f"{w.flops / t_c / peaks[th]:>6.0%}" if w.flops else f"{'-':>6}"
-            ref_s = f"{t_n * 1e3:>10.2f}{t_n / t_c:>7.2f}" if t_n is not None else f"{'-':>10}{'-':>7}"
-            ort_s = f"{t_o * 1e3:>9.2f}{t_o / t_c:>7.2f}" if t_o is not None else f"{'-':>9}{'-':>7}"
+            ref_s = f"{t_n * 1e3:>10.2f}{ratios['numpy']:>7.2f}" if t_n is not None else f"{'-':>10}{'-':>7}"
+            ort_s = f"{t_o * 1e3:>9.2f}{ratios['ort']:>7.2f}" if t_o is not None else f"{'-':>9}{'-':>7}"
             print(f"{w.name:<34}{compile_s:>8.2f}s{th:>4}{t_c * 1e3:>10.2f}{rate:>14}{share}{ref_s}{ort_s}")
     return 0 if ok else 1

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.ops:
             from cuvil.bench import run
 
-            return run(threads, quick=args.quick, only=args.only)
+            return run(threads, quick=args.quick, only=args.only, rounds=args.rounds)
         from cuvil import bench_model
 
         models = list(args.models) + [m for m in (args.model_list or "").split(",") if m]
