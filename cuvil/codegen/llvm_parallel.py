@@ -4,19 +4,25 @@ A parallel loop ``parallel for (i = lo; i < lo + E; i++) body`` is outlined
 into two internal functions and launched with libgomp's ``GOMP_parallel``::
 
     ; in the enclosing function
-    closure = { status*, lo, E, <every buffer pointer and dimension in scope>,
+    closure = { status*, next*, lo, E, <every buffer pointer and dimension in scope>,
                 <every variable in scope> }            ; a struct on the stack
+    next = 0
     GOMP_parallel(@name.par0, &closure, @name.num_threads, 0)
     if (status != 0) return 1                          ; a worker's malloc failed
 
     void name.par0(ptr closure)                        ; run by every thread of the team
-      t = omp_get_thread_num(), n = omp_get_num_threads()
-      chunk = ceil(E / n); start = min(t * chunk, E); end = min(start + chunk, E)
-      if (name.par0.chunk(<closure fields>, start, end) != 0) atomic store 1 -> *status
+      n = omp_get_num_threads(); grain = max(1, E / (8 * n))
+      if (name.par0.chunk(<closure fields>, next*, grain, E) != 0) atomic store 1 -> *status
 
-    i32 name.par0.chunk(ptr noalias A, ..., i64 start, i64 end)
+    i32 name.par0.chunk(ptr noalias A, ..., ptr next, i64 grain, i64 E)
       <per-thread Allocates>                           ; see below
-      for (c = start; c < end; c++) body with i = lo + c
+      while ((c0 = atomic next += grain) < E)           ; the next grain of iterations
+        for (c = c0; c < min(c0 + grain, E); c++) body with i = lo + c
+
+Threads take iterations a grain at a time (about 8 grains per thread) instead
+of one fixed share each: a thread that starts late (woken from sleep, or
+descheduled on a shared machine) finds the work already done by the others
+instead of holding the whole team at the closing barrier with its share.
 
 The chunk function takes the buffers as ``noalias`` pointers (as the main body
 does), so after inlining LLVM keeps the aliasing facts across the closure.
@@ -46,6 +52,7 @@ from cuvil.ir.functor import walk
 from cuvil.ir.stmt import Allocate, For
 
 PARALLEL_STACK_LIMIT = 16 * 1024  # bytes of one stack Allocate inside a parallel body
+GRAINS_PER_THREAD = 8  # a parallel loop is handed out in about this many pieces per thread
 
 
 def _uses(e: Expr, var: Var) -> bool:
@@ -104,16 +111,18 @@ class ParallelLoops:
         for _buf, (ptr, dims) in bufs:  # constants stay constants in the chunk (alias analysis needs them)
             fields += [ptr, *(d for d in dims if not isinstance(d, ir.Constant))]
         fields += [v for _var, v in envs if not isinstance(v, ir.Constant)]
-        struct = ir.LiteralStructType([PTR] + [f.type for f in fields])
+        struct = ir.LiteralStructType([PTR, PTR] + [f.type for f in fields])
         idx = self.n_parallel
         self.n_parallel += 1
         with b.goto_block(self.entry):
             b.position_at_start(self.entry)
             closure = b.alloca(struct, name=f"par{idx}.closure")
             status = b.alloca(I32, name=f"par{idx}.status")
-        closure.type = status.type = PTR  # opaque pointers (llvmlite types allocas; LLVM has only ptr)
+            nxt = b.alloca(I64, name=f"par{idx}.next")
+        closure.type = status.type = nxt.type = PTR  # opaque pointers (llvmlite types allocas; LLVM has only ptr)
         b.store(ir.Constant(I32, 0), status)
-        for k, v in enumerate([status, *fields]):
+        b.store(ir.Constant(I64, 0), nxt)
+        for k, v in enumerate([status, nxt, *fields]):
             b.store(v, b.gep(closure, [ir.Constant(I32, 0), ir.Constant(I32, k)], inbounds=True,
                              source_etype=struct))
         chunk_fn = self._chunk_function(s, idx, t, signed, bufs, envs)
@@ -137,15 +146,11 @@ class ParallelLoops:
         closure = fn.args[0]
         vals = [b.load(b.gep(closure, [ir.Constant(I32, 0), ir.Constant(I32, k)], inbounds=True,
                              source_etype=struct), typ=ty) for k, ty in enumerate(struct.elements)]
-        status, ext = vals[0], vals[2]
-        tid = b.sext(b.call(self.libc("omp_get_thread_num", I32, []), []), I64)
+        status, nxt, ext = vals[0], vals[1], vals[3]
         nth = b.sext(b.call(self.libc("omp_get_num_threads", I32, []), []), I64)
-        chunk = b.sdiv(b.add(ext, b.sub(nth, ir.Constant(I64, 1))), nth)
-        start = b.mul(tid, chunk)
-        start = b.select(b.icmp_signed("<", start, ext), start, ext)
-        end = b.add(start, chunk)
-        end = b.select(b.icmp_signed("<", end, ext), end, ext)
-        rc = b.call(chunk_fn, [vals[1], *vals[3:], start, end])
+        grain = b.sdiv(ext, b.mul(nth, ir.Constant(I64, GRAINS_PER_THREAD)))
+        grain = b.select(b.icmp_signed("<", grain, ir.Constant(I64, 1)), ir.Constant(I64, 1), grain)
+        rc = b.call(chunk_fn, [vals[2], *vals[4:], nxt, grain, ext])
         with b.if_then(b.icmp_signed("!=", rc, ir.Constant(I32, 0))):
             b.atomic_rmw("or", status, ir.Constant(I32, 1), "monotonic")
         b.ret_void()
@@ -158,7 +163,7 @@ class ParallelLoops:
         for _buf, (_ptr, dims) in bufs:
             types += [PTR] + [d.type for d in dims if not isinstance(d, ir.Constant)]
         types += [v.type for _var, v in envs if not isinstance(v, ir.Constant)]
-        fn = ir.Function(self.module, ir.FunctionType(I32, types + [I64, I64]), f"{self.func.name}.par{idx}.chunk")
+        fn = ir.Function(self.module, ir.FunctionType(I32, types + [PTR, I64, I64]), f"{self.func.name}.par{idx}.chunk")
         fn.linkage = "internal"
         fn.attributes.add("nounwind")
         args = list(fn.args)
@@ -194,7 +199,7 @@ class ParallelLoops:
                     args[pos].name = var.name
                     self.env[var] = args[pos]
                     pos += 1
-            start, end = args[pos], args[pos + 1]
+            nxt, grain, ext = args[pos], args[pos + 1], args[pos + 2]
 
             def body(c: ir.Value) -> None:
                 ci = c if t.width == 64 else self.builder.trunc(c, t)
@@ -213,7 +218,7 @@ class ParallelLoops:
                 if k < len(hoisted):
                     self.allocate_buffer(hoisted[k], lambda: run(k + 1))
                 else:
-                    self.counted_loop(f"{s.var.name}.chunk", I64, start, end, 1, True, body)
+                    self._grains(s.var.name, nxt, grain, ext, body)
 
             run(0)
             self.builder.ret(ir.Constant(I32, 0))
@@ -221,3 +226,21 @@ class ParallelLoops:
             (self.builder, self.entry, self.fail_bb, self.env, self.buffers, self.in_parallel,
              self.stack_limit) = saved
         return fn
+
+    def _grains(self, name: str, nxt: ir.Value, grain: ir.Value, ext: ir.Value, body: Any) -> None:
+        """``while ((c0 = atomic_fetch_add(next, grain)) < ext) for (c = c0; c < min(c0 + grain, ext); c++)
+        body(c)``: the iterations this thread takes, a grain at a time."""
+        b = self.builder
+        fn = b.function
+        take, done = fn.append_basic_block(f"{name}.take"), fn.append_basic_block(f"{name}.taken")
+        b.branch(take)
+        b.position_at_end(take)
+        start = b.atomic_rmw("add", nxt, grain, "monotonic")
+        run = fn.append_basic_block(f"{name}.grain")
+        b.cbranch(b.icmp_signed("<", start, ext), run, done)
+        b.position_at_end(run)
+        end = b.add(start, grain)
+        end = b.select(b.icmp_signed("<", end, ext), end, ext)
+        self.counted_loop(f"{name}.chunk", I64, start, end, 1, True, body)
+        b.branch(take)
+        b.position_at_end(done)

@@ -254,7 +254,7 @@ def model_header(meta: dict[str, Any], lib_name: str) -> str:
     lines += [
         "/* Threads for the parallel loops of later calls; n <= 0 (the default) lets libgomp choose",
         " * (OMP_NUM_THREADS, else all cores). Set it before starting calls from several threads."
-        + (" Run with\n * GOMP_SPINCOUNT=10000 (cuvil's Python loader sets it): libgomp's default spins for tens of"
+        + (" Run with\n * GOMP_SPINCOUNT=3000 (cuvil's Python loader sets it): libgomp's default spins for tens of"
            "\n * ms, taking the cores a team member needs on a shared machine." if gomp else
            f"\n * ({lib_name} has no parallel loop: this only records n.)") + " */",
         f"void {p}_set_num_threads(int32_t n);", "",

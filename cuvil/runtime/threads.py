@@ -69,11 +69,11 @@ def register(module: Any, setter: Any) -> None:
 _GOMP: Any = None
 
 
-SPIN_COUNT = "10000"  # libgomp's wait before sleeping, in pause instructions (~0.3-0.5 ms here)
+SPIN_COUNT = "3000"  # libgomp's wait before sleeping, in pause instructions (~0.1-0.2 ms here)
 
 
 def prefer_short_spins() -> None:
-    """Make libgomp's idle threads spin briefly, then sleep (``GOMP_SPINCOUNT=10000``, ~0.3-0.5 ms),
+    """Make libgomp's idle threads spin briefly, then sleep (``GOMP_SPINCOUNT=3000``, ~0.1-0.2 ms),
     unless the user chose (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` set).  libgomp reads it when it
     loads, so this runs before cuvil loads it (the JIT, or an exported library that links it).
 
@@ -82,9 +82,11 @@ def prefer_short_spins() -> None:
     2-thread runs were 5-40x slower than 1-thread ones (a 128x768 softmax 8 ms instead of 0.08 ms).
     Sleeping at once (``OMP_WAIT_POLICY=passive``) costs a futex wake-up of 30-60 us per parallel
     loop instead, which small kernels cannot pay (2 threads, quiet machine, median of 5 runs,
-    ratio onnxruntime / cuvil, passive -> 10000: softmax 128x768 0.54 -> 0.90, depthwise 3x3
-    384@14 0.63 -> 1.05, 960@7 0.47 -> 0.75); a short spin keeps the team awake between kernels
-    called back to back and bounds what an idle team takes from others."""
+    ratio onnxruntime / cuvil, passive -> 3000 spins: softmax 128x768 0.54 -> 0.93, depthwise 3x3
+    384@14 0.63 -> 0.97, 960@7 0.47 -> 0.77; 10000 spins measured the same); a short spin keeps the
+    team awake between kernels called back to back and bounds what an idle team takes from others.
+    On a machine busy with other processes a spinning thread at the closing barrier still holds the
+    core its late team member needs: there set ``OMP_WAIT_POLICY=passive``."""
     if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
         os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
 
