@@ -8,9 +8,13 @@ from onnx import TensorProto, helper, numpy_helper
 from cuvil.onnx import InferenceSession
 
 
-@pytest.mark.parametrize("c,h,f,k,g,stride,pad,bias", [(8, 9, 64, 3, 2, 1, 1, True), (12, 10, 18, 3, 3, 2, 0, False),
-                                                        (6, 7, 96, 1, 3, 1, 0, True), (4, 6, 8, 2, 2, 1, 1, False)])
-def test_grouped_conv_matches_onnxruntime(c, h, f, k, g, stride, pad, bias):
+@pytest.mark.parametrize("c,h,f,k,g,stride,pad,bias,n", [
+    (8, 9, 64, 3, 2, 1, 1, True, 2), (12, 10, 18, 3, 3, 2, 0, False, 2), (6, 7, 96, 1, 3, 1, 0, True, 2),
+    (4, 6, 8, 2, 2, 1, 1, False, 2),
+    # depthwise: each channel's padded copy is computed inside the channel loop (one batch element) or
+    # the batch loop (two)
+    (24, 7, 24, 3, 24, 1, 1, True, 1), (16, 9, 16, 3, 16, 2, 1, False, 1), (8, 12, 8, 3, 8, 1, 1, False, 2)])
+def test_grouped_conv_matches_onnxruntime(c, h, f, k, g, stride, pad, bias, n):
     rng = np.random.default_rng(c * f + k)
     w = rng.standard_normal((f, c // g, k, k)).astype(np.float32)
     inits = [numpy_helper.from_array(w, "w")] + ([numpy_helper.from_array(
@@ -18,10 +22,10 @@ def test_grouped_conv_matches_onnxruntime(c, h, f, k, g, stride, pad, bias):
     node = helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["y"], group=g, strides=[stride] * 2,
                             pads=[pad] * 4, kernel_shape=[k, k])
     oh = (h + 2 * pad - k) // stride + 1
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, c, h, h])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, f, oh, oh])], inits)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, h])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, f, oh, oh])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-    x = rng.standard_normal((2, c, h, h)).astype(np.float32)
+    x = rng.standard_normal((n, c, h, h)).astype(np.float32)
     want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = InferenceSession(model).run(None, {"x": x})[0]
     assert got.shape == want.shape

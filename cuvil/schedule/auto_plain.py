@@ -14,8 +14,10 @@ import math
 from typing import Any
 
 from cuvil.errors import ScheduleError
+from cuvil.ir import expr as E
 from cuvil.ir.expr import IterVar, TensorRead
-from cuvil.ir.functor import walk
+from cuvil.ir.functor import structural_equal, substitute, walk
+from cuvil.ir.simplify import simplify_expr
 from cuvil.schedule.axes import const_int
 from cuvil.schedule.contraction import _uses, unit_stride_last
 from cuvil.schedule.schedule import Schedule, Stage
@@ -180,7 +182,43 @@ class PlainStrategies:
                     st.parallel(loop)
         except ScheduleError:
             return False
+        if loop is not None:
+            self._window_inputs_at(st, loop)
         return True
+
+    def _window_inputs_at(self, st: Stage, loop: IterVar) -> None:
+        """Compute a padded copy that only ``st`` reads inside ``st``'s outer loop, where each iteration
+        reads its own part (a depthwise convolution reads channel ``c`` of the padding for output
+        channel ``c``): the copy stays in L1 and the kernel has one parallel loop instead of two::
+
+            parallel for (c) for (y, x) P[c, y, x] = pad(X)        parallel for (c) {
+            parallel for (c) for (y) ... P[c, y + ry, x + rx]  ->    for (y, x) P[y, x] = pad(X)[c, ..]
+                                                                    for (y) ... P[y + ry, x + rx] }
+        A copy whose parts overlap between iterations (the reads of a dense convolution) stays apart."""
+        for prod in self.s.compute_stages:
+            if prod is st or prod.attach != "root" or prod.op.reduce_axis or any(prod is o for o in self.outputs):
+                continue
+            if not self.s.reads(st, prod) or _readers(self.s, prod) != [st]:
+                continue
+            pos = next((k for k, a in enumerate(st.op.axis) if a is loop), None)
+            reads = [n for n in walk(st.op.body) if isinstance(n, TensorRead) and n.tensor is prod.op.output(0)]
+            ones = {r: E.const(0, r.dtype) for r in st.op.reduce_axis if const_int(r.extent) == 1}
+            if pos is None or not reads or any(
+                    len(r.indices) <= pos or not structural_equal(simplify_expr(substitute(r.indices[pos], ones)), loop)
+                    for r in reads):
+                continue  # each iteration must read its own slice of the copy (no overlap, no recompute)
+            shape = [const_int(d) for d in prod.op.output(0).shape]
+            if any(d is None for d in shape) or math.prod(shape) // shape[pos] * _dtype_bytes(prod.op.dtype) > \
+                    self.target.l2_size // 4:
+                continue  # a slice per iteration (a whole image per batch element) too big to stay in cache
+            try:
+                with self.s.deferred_checks(self.outputs):
+                    prod.compute_at(st, loop)
+                    inner = prod.leaves[-1]
+                    if (const_int(inner.extent) or 0) >= 4:
+                        prod.vectorize(inner)
+            except ScheduleError:
+                pass
 
     def _vector_reduction(self, st: Stage) -> bool:
         """A row reduction over one unit-stride axis: ``v`` partial results in vector lanes (rfactor; the
