@@ -58,6 +58,11 @@ class InferenceSession:
         check_supported(graph)  # every unsupported op at once, before compiling anything
         self._graph = optimize(graph)  # identities, BatchNorm folded into convs, duplicates, dead nodes
         self._feeds = self._graph.feeds
+        # each input's (name, dtype, static shape) for the quick check of a well-formed feed
+        self._quick = [(v.name, np.dtype(v.dtype), tuple(v.shape)) for v in self._feeds
+                       if v.shape is not None and all(isinstance(d, int) for d in v.shape)]
+        if len(self._quick) != len(self._feeds):
+            self._quick = []  # symbolic sizes: every run takes the full check
         self._specialised: set[str] = set()
         self._cache: dict[tuple, Any] = {}
         self._by_shapes: dict[tuple, Any] = {}  # input shapes -> program, while no input is specialised on
@@ -80,11 +85,13 @@ class InferenceSession:
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None
             ) -> list[np.ndarray]:
         """The outputs named (all when ``None``), in order, for the fed inputs."""
-        feeds = self._check_feeds(input_feed)
+        feeds = self._quick_feeds(input_feed)
+        if feeds is None:
+            feeds = self._check_feeds(input_feed)
         names = [v.name for v in self._graph.outputs]
         if output_names is None:
             output_names = names
-        for n in output_names:
+        for n in output_names if output_names is not names else ():
             if n not in names:
                 raise ArgumentError(f"{n!r} is not an output of the model; outputs: {', '.join(names)}")
         fast = self._by_shapes
@@ -167,6 +174,19 @@ class InferenceSession:
                         prog.module._set_threads(self.num_threads)
                 self._cache[key] = prog
                 return prog
+
+    def _quick_feeds(self, input_feed: Any) -> dict[str, np.ndarray] | None:
+        """``input_feed`` as it is when it is a dict of exactly the inputs, each a numpy array of its
+        static shape and dtype (a few microseconds less per run than :meth:`_check_feeds`, which
+        explains what is wrong otherwise); None when it is not."""
+        quick = self._quick
+        if not quick or type(input_feed) is not dict or len(input_feed) != len(quick):
+            return None
+        for name, dtype, shape in quick:
+            a = input_feed.get(name)
+            if type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape:
+                return None
+        return {name: input_feed[name] for name, _, _ in quick}  # in the model's order
 
     def _check_feeds(self, input_feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         expected = {v.name: v for v in self._feeds}

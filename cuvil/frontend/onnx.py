@@ -17,6 +17,7 @@ them in order (``cuvil.graph.link``).
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import hashlib
 import math
@@ -194,6 +195,8 @@ _KERNELS: dict[tuple, Any] = {}  # (target, node key) -> LoweredFunc named "k", 
 
 def _contiguous(a: Any) -> np.ndarray:
     """A C-contiguous array that keeps a 0-d array 0-d (np.ascontiguousarray makes it 1-d)."""
+    if type(a) is np.ndarray and a.flags.c_contiguous:
+        return a  # the common case, without np.require's microseconds
     return np.require(np.asarray(a), requirements="C")
 
 
@@ -300,7 +303,7 @@ class CompiledGraph:
     def run_buffers(self, arrays: list[np.ndarray]) -> None:
         """One run of every kernel on ``arrays`` (from :meth:`buffers`)."""
         if self.module is not None:
-            rc = self.module(self._pointers(arrays))
+            rc = self.module.call_array(self._pointers(arrays))
             if rc:
                 raise CuvilError("the compiled model failed to allocate its temporary memory (status "
                                  f"{rc})")
@@ -329,18 +332,23 @@ class CompiledGraph:
                 arrays[k] = last
         return arrays  # type: ignore[return-value]
 
-    def _pointers(self, arrays: list[np.ndarray]) -> list[int]:
-        """The data pointers of ``arrays``: constants' and the arena's once per thread (a numpy array's
-        pointer costs microseconds to read; a model has a hundred buffers), the rest each run."""
+    def _pointers(self, arrays: list[np.ndarray]) -> Any:
+        """The slots' data pointers as this thread's ctypes array: the constants' and the arena's set
+        once per thread (a numpy array's pointer costs a microsecond to read; a model has a hundred
+        buffers), the feeds' and outputs' each run."""
         kept = self._kept()
-        fixed = kept.get("pointers")
+        arr = kept.get("pointers")
         arena = kept.get("arena")
-        if fixed is None or kept.get("pointers_of") is not arena:
+        if arr is None or kept.get("pointers_of") is not arena:
             base = arena.ctypes.data if arena is not None else 0
             fixed = {k: a.ctypes.data for k, a in self._consts.items()}
             fixed.update({k: base + off for k, off in self.memory.offsets.items()})
-            kept["pointers"], kept["pointers_of"] = fixed, arena  # type: ignore[assignment]
-        return [fixed[k] if k in fixed else a.ctypes.data for k, a in enumerate(arrays)]
+            arr = (ctypes.c_void_p * max(1, len(arrays)))(*[fixed.get(k, 0) for k in range(len(arrays))])
+            kept["pointers"], kept["pointers_of"] = arr, arena  # type: ignore[assignment]
+            kept["varying"] = [k for k in range(len(arrays)) if k not in fixed]  # type: ignore[assignment]
+        for k in kept["varying"]:  # type: ignore[attr-defined]
+            arr[k] = arrays[k].ctypes.data
+        return arr
 
     def _kept(self) -> dict[Any, np.ndarray]:
         """This thread's buffers from its last run: the arena, and the outputs (a thread runs one model

@@ -214,5 +214,8 @@ class LinkedModule:
 
     def __call__(self, pointers: Sequence[int]) -> int:
         """One native call with the slots' data pointers; returns the status (0: success)."""
-        arr = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
+        return self.call_array((ctypes.c_void_p * max(1, len(pointers)))(*pointers))
+
+    def call_array(self, arr: Any) -> int:
+        """One native call with the slots' data pointers already in a ctypes array (``void *[n]``)."""
         return int(self._fn(ctypes.addressof(arr)))
