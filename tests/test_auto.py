@@ -339,3 +339,45 @@ def test_grouped_conv2d_is_a_batched_contraction(n, c, h, f, k, g, stride, pad):
                 win = xp[:, grp * cg:(grp + 1) * cg, ky:ky + stride * oh:stride, kx:kx + stride * oh:stride]
                 ref[:, o] += np.einsum("ncyx,c->nyx", win, w[o, :, ky, kx])
     _close(y, ref, cg * k * k)
+
+
+@settings(max_examples=16, deadline=None)
+@given(st.integers(1, 29), st.integers(1, 70), st.integers(1, 19), st.sampled_from([1, 2, 4]), st.integers(1, 16),
+       st.sampled_from([16, 32, 48]))
+def test_reduction_unroll_knob_gives_numpys_result(m, n, k, ku, mr, nr):
+    # "ku": the tile's innermost reduction loop split by ku when ku divides it, unrolled whole when it is at most
+    # ku long, left alone otherwise; on odd shapes, with any tile, the result is numpy's
+    A = te.placeholder((m, k), name="A")
+    B = te.placeholder((k, n), name="B")
+    C = ops.matmul(A, B)
+    stage = C.op.name
+    s = auto_schedule([A, B, C], knobs={stage: {"ku": ku, "mr": mr, "nr": nr}})
+    splits = [x for x in s.trace if x.op == "split" and ".local." in str(x)]
+    if ku > 1 and k > ku and k % ku == 0 and any(x.op == "cache_write" for x in s.trace):
+        assert splits, [str(x) for x in s.trace]
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    cuvil.build(s, [A, B, C])(a, b, c)
+    _close(c, a.astype(np.float64) @ b, k)
+
+
+@pytest.mark.parametrize("ku", [1, 2, 4])
+def test_reduction_unroll_knob_on_a_conv_window(ku):
+    # a 3-wide filter window: ku = 4 unrolls it whole, ku = 2 leaves it (no tail guard in the hot loop)
+    X = te.placeholder((1, 6, 9, 9), name="X")
+    W = te.placeholder((20, 6, 3, 3), name="W")
+    Y = ops.conv2d_nchw(X, W, padding=1)
+    kn = cuvil.schedule.auto.default_knobs([X, W, Y])
+    stage = next(name for name, k in kn.items() if "ku" in k)
+    s = auto_schedule([X, W, Y], knobs={stage: {**kn[stage], "ku": ku}})
+    x = rng.standard_normal((1, 6, 9, 9), dtype=np.float32)
+    w = rng.standard_normal((20, 6, 3, 3), dtype=np.float32)
+    y = np.full((1, 20, 9, 9), np.nan, np.float32)
+    cuvil.build(s, [X, W, Y])(x, w, y)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.zeros((1, 20, 9, 9))
+    for ky in range(3):
+        for kx in range(3):
+            ref += np.einsum("ncyx,fc->nfyx", xp[:, :, ky:ky + 9, kx:kx + 9], w[:, :, ky, kx])
+    _close(y, ref, 54)

@@ -410,3 +410,38 @@ def test_final_round_decides_and_includes_the_untuned_schedule(tmp_path, faster:
     more = cuvil.autotune.tune(args, trials=10, db=db, num_threads=1, builder=_FakeBuilder(args), runner=runner,
                                progress=False, final_top=0)  # a trial after the round: in-run times decide again
     assert more.measured == 1 and more.final == [] and more.speedup == pytest.approx(1 / 0.6)
+
+
+def test_workload_key_carries_the_knob_space_version(tmp_path, caplog, monkeypatch) -> None:
+    # records of an older knob space are filed under another key (a tuning run neither counts nor learns from
+    # them), and build(tuning_db=) still replays the best of them when the current space has none
+    import cuvil.schedule.auto as auto
+    from cuvil.autotune.workload import _key
+
+    args = matmul(24, 40, 16)
+    wl = workload_of(args)
+    assert wl.older_keys and wl.key not in wl.older_keys and len(set(wl.older_keys)) == len(wl.older_keys)
+    assert wl.older_keys[-1] == _key(wl.program_hash, wl.target, 1)  # version 1: the key from before versions
+    monkeypatch.setattr(auto, "KNOB_SPACE_VERSION", auto.KNOB_SPACE_VERSION + 1)
+    newer = workload_of(args)
+    assert newer.key != wl.key and newer.older_keys[0] == wl.key
+    monkeypatch.undo()
+    old_cfg = {"C": {"mr": 3, "nr": 16, "ku": 1}}
+    trace = trace_to_json(auto_schedule(args, knobs=old_cfg).trace)
+    db = tmp_path / "old.db"
+    with Database(db) as d:
+        d.add(Record(wl.older_keys[-1], wl.target, cuvil.get_num_threads(), config_hash(old_cfg), old_cfg, "ok",
+                     1e-3, trace, wl.names))
+        assert d.count(wl.key, wl.target, cuvil.get_num_threads()) == 0
+    with caplog.at_level("INFO", logger="cuvil.autotune"):
+        f = cuvil.build(te.create_schedule(args[2]), args, tuning_db=str(db))
+    assert "older knob space" in caplog.text
+    from cuvil.autotune.replay import apply_best
+
+    replayed = apply_best(te.create_schedule(args[2]), args, "llvm", str(db))
+    assert json.loads(trace_to_json(replayed.trace)) == json.loads(trace)
+    a = np.arange(24 * 16, dtype="float32").reshape(24, 16) / 100
+    b = np.arange(16 * 40, dtype="float32").reshape(16, 40) / 100
+    c = np.empty((24, 40), "float32")
+    f(a, b, c)
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-5)

@@ -2,9 +2,10 @@
 
 :func:`apply_best` looks the program up by its workload key (name-independent), takes the
 fastest correct record for the canonical target (the current thread count's when there is
-one), and replays that record's trace on a fresh schedule of the computation: ``s``'s own
-steps are replaced, and the log says so (logger ``cuvil.autotune``).  Names in the trace are
-translated when this program spells its tensors or axes differently from the tuned one.
+one; records of an older knob space when the current one has none), and replays that record's
+trace on a fresh schedule of the computation: ``s``'s own steps are replaced, and the log says
+so (logger ``cuvil.autotune``).  Names in the trace are translated when this program spells its
+tensors or axes differently from the tuned one.
 With no record, ``s`` is returned unchanged and the build is what it would have been.
 """
 
@@ -89,12 +90,19 @@ def apply_best(s: Any, args: Sequence[Any], target: Any, tuning_db: Any) -> Any:
     try:
         wl = workload_of(args, target)
         threads = get_num_threads()
-        rec = db.best(wl.key, wl.target, threads)
-        if rec is None:
-            rec = db.best(wl.key, wl.target)
+        rec = None
+        for n, key in enumerate((wl.key, *wl.older_keys)):  # the current knob space's records first
+            rec = db.best(key, wl.target, threads)
+            if rec is None:
+                rec = db.best(key, wl.target)
+                if rec is not None:
+                    log.info("tuning_db: no record of %s at %d threads; using the best at %d threads",
+                             wl.describe(), threads, rec.threads)
             if rec is not None:
-                log.info("tuning_db: no record of %s at %d threads; using the best at %d threads",
-                         wl.describe(), threads, rec.threads)
+                if n:
+                    log.info("tuning_db: %s has records of an older knob space only (key %s); replaying its best",
+                             wl.describe(), key)
+                break
         if rec is None:
             log.info("tuning_db: no record of %s: building the given schedule", wl.describe())
             return s

@@ -69,6 +69,7 @@ class Space:
             if isinstance(op, ComputeOp) and op.reduce_axis and "candidate" in self.knobs[st.name]:
                 red = math.prod(const_int(a.extent) or 1024 for a in op.reduce_axis)
                 facts.update(lanes=sch.lanes(op.dtype), regs=32 if sch.bits >= 512 else 16, reduce=red,
+                             red_inner=const_int(op.reduce_axis[-1].extent) or 0,  # the loop "ku" unrolls
                              cands=[{"i": const_int(c.i.extent) or 1024, "j": const_int(c.j.extent) or 1024,
                                      "packable": c.pack_dim is not None or sch._packable(c, 16) is not None,
                                      "must_pack": c.pack_dim is not None} for c in sch.candidates(op)],
@@ -194,12 +195,15 @@ class Space:
         prior = math.log(acc / (mr + nv) * lane_use / ((1 + waste_i) * (1 + waste_j)))
         prior += math.log(1.5) * (ci == f["default_candidate"]) + math.log(1.3) * packed
         prior += math.log(1.1) * (bool(k.get("panels_outer")) == packed) - math.log(2.0) * (pressure > regs)
+        ku = _unrolled_steps(int(k.get("ku") or 1), int(f.get("red_inner") or 0))  # reduction steps per branch
+        prior += math.log(1.05) * (ku > 1)
         group = max(1, int(k.get("group") or 1))  # column panels run per row tile: the rows are read once for all
         return [
             mr, nv, acc, pressure / regs, max(0.0, pressure - regs), acc / (mr + nv), waste_i, waste_j, lane_use,
             float(packed), float(bool(k.get("panels_outer"))), float(parallel), balance * th, math.log2(tiles),
             math.log2(panel / l2), math.log2(rows / l1), float(mr % 2 == 0), math.log2(f["work"] + 1), *onehot,
             math.log2(max(1.0, ext_j / (nr_e * group))), math.log2(group * panel / l2),  # row passes, panels kept
+            math.log2(ku), math.log2(ku * (acc + mr + nv)),  # reduction steps and instructions per loop branch
             prior,  # last (Space.prior reads it there)
         ]
 
@@ -215,8 +219,18 @@ class Space:
         return total
 
 
-_DESCRIBED = {"candidate", "mr", "nr", "pack", "panels_outer", "parallel", "lanes"}
-_N_CONTRACTION = 25  # features of a contraction stage (Space._contraction_features), the prior last
+_DESCRIBED = {"candidate", "mr", "nr", "pack", "panels_outer", "parallel", "lanes", "ku"}
+_N_CONTRACTION = 27  # features of a contraction stage (Space._contraction_features), the prior last
+
+
+def _unrolled_steps(ku: int, inner: int) -> int:
+    """The reduction steps one iteration of the tile's innermost reduction loop runs with the knob ``ku``
+    (as :func:`cuvil.schedule.auto._unroll_reduction` applies it to a loop of ``inner`` steps, 0 = unknown)."""
+    if ku <= 1 or inner <= 1:
+        return 1
+    if inner <= ku:
+        return inner
+    return ku if inner % ku == 0 else 1
 
 
 def _value(v: Any, vals: Sequence[Any]) -> float:

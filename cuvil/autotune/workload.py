@@ -10,7 +10,12 @@ their tensors and axes are called::
 
 The walk gives every tensor, axis and size variable a name by position
 (``t0, t1 ...``; ``t2.a0``, ``t2.r0``; ``s0``); the key hashes the canonical
-text together with the canonical target and :data:`SCHEMA_VERSION`.
+text together with the canonical target, :data:`SCHEMA_VERSION` and the
+auto-scheduler's knob-space version (:data:`cuvil.schedule.auto.KNOB_SPACE_VERSION`):
+a tuning run under a new space neither counts nor learns from points of an older
+one.  :attr:`Workload.older_keys` are the keys of the same program under the
+older spaces: their records still replay (a trace is schedule steps, not knobs)
+when the current space has none.
 :class:`Workload` also keeps the mapping from canonical names to the names this
 program uses, so a trace recorded under one spelling replays under another.
 """
@@ -40,6 +45,7 @@ class Workload:
     text: str  # the canonical program (for humans and for debugging a key mismatch)
     names: dict[str, str] = field(default_factory=dict)  # canonical name -> this program's name
     flops: float = 0.0  # multiply-adds x 2 of the reductions (0 when there are none)
+    older_keys: tuple[str, ...] = ()  # the keys under older knob spaces, newest first
 
     def describe(self) -> str:
         return f"workload {self.key}"
@@ -151,8 +157,17 @@ def workload_of(args: Sequence[Any], target: Any = "llvm") -> Workload:
             roles.append(["var", c.var(a, "", "s")])
     text = json.dumps({"ops": lines, "args": roles}, sort_keys=True, separators=(",", ":"))
     program_hash = hashlib.sha256(text.encode()).hexdigest()[:16]
-    key = hashlib.sha256(f"{program_hash}|{tgt.canonical}|{SCHEMA_VERSION}".encode()).hexdigest()[:16]
-    return Workload(key, program_hash, tgt.canonical, text, dict(c.names), _flops(ops))
+    from cuvil.schedule.auto import KNOB_SPACE_VERSION
+
+    keys = [_key(program_hash, tgt.canonical, v) for v in range(KNOB_SPACE_VERSION, 0, -1)]
+    return Workload(keys[0], program_hash, tgt.canonical, text, dict(c.names), _flops(ops), tuple(keys[1:]))
+
+
+def _key(program_hash: str, target: str, knob_version: int) -> str:
+    """The key of a program for a target under knob space ``knob_version`` (version 1, the space before
+    versions were counted, keeps the key it had then, so older databases still replay)."""
+    tail = "" if knob_version <= 1 else f"|knobs{knob_version}"
+    return hashlib.sha256(f"{program_hash}|{target}|{SCHEMA_VERSION}{tail}".encode()).hexdigest()[:16]
 
 
 def _flops(ops: list[Any]) -> float:
