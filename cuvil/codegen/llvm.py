@@ -174,6 +174,8 @@ class _FuncEmitter(VectorLoops, ParallelLoops, ExprEmitter):
         elif s.kind == "vectorize":
             self.vector_loop(s)
         elif s.kind in _LOOP_MD:
+            if s.kind == "serial" and self.lane_fold(s):
+                return
             self.serial_loop(s)
         else:
             raise InternalError(f"internal error in LLVM codegen: unknown loop kind {s.kind!r}")

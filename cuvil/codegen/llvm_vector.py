@@ -55,7 +55,7 @@ from llvmlite import ir
 from cuvil import dtype as dt
 from cuvil.codegen.llvm_expr import I32, I64, InternalError, mem_type, reg_type
 from cuvil.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
-from cuvil.ir.functor import children, walk
+from cuvil.ir.functor import children, structural_equal, walk
 from cuvil.ir.stmt import Block, For, If, LetStmt, Stmt, Store
 
 # Width of the vectors cuvil emits on x86 with AVX-512: 512 measured faster than 256 for the
@@ -226,6 +226,49 @@ class VectorLoops:
                 width //= 2
             if ext_const is None or int(pos.constant) < ext_const:  # type: ignore[union-attr]
                 self.counted_loop(f"{s.var.name}.tail", t, pos, ext, 1, signed, scalar_body)
+
+    def lane_fold(self, s: For) -> bool:
+        """Emit ``for (l < E) S[i] = S[i] op R[.., l]`` (``op`` add, max or min on floats, ``E`` a power of
+        two up to a vector register, ``S[i]`` free of ``l``) as one vector of ``R`` folded in halves
+        (log2 E steps instead of E dependent ones), then ``S[i] = S[i] op fold``: the last step of a row
+        reduction whose partial results sit in vector lanes (``S[i] = reduce(l) S.rf[i, l]``).  max and
+        min give the serial loop's result; a sum is reassociated as a tree (rounding differs within the
+        reduction's tolerance).  False when ``s`` is not of that form (emit it as a loop)."""
+        body = s.body
+        if not (isinstance(s.extent, Const) and isinstance(s.min, Const) and isinstance(body, Store)):
+            return False
+        e = int(s.extent.value)
+        v = body.value
+        native = simd_bits(self.target) // max(1, dt.bits(body.buffer.dtype))
+        if e < 2 or e & (e - 1) or e > native or not dt.is_float(body.buffer.dtype):
+            return False
+        if not (isinstance(v, Binary) and v.op in ("add", "max", "min") and v.dtype == body.buffer.dtype):
+            return False
+        acc, other = v.a, v.b
+        if not (isinstance(acc, Load) and acc.buffer is body.buffer and len(acc.indices) == len(body.indices)
+                and all(structural_equal(x, y) for x, y in zip(acc.indices, body.indices))):
+            return False
+        if any(uses(x, s.var) for x in body.indices) or uses(acc, s.var) or not uses(other, s.var):
+            return False
+        if any(isinstance(n, Load) and n.buffer is body.buffer for n in walk(other)):
+            return False
+        b = self.builder
+        lo = self.cast(self.expr(s.min), s.min.dtype, s.var.dtype)
+        saved = getattr(self, "_vec", None)
+        self._vec = (s.var, lo, e, {})
+        try:
+            lanes = self.vec(self.vexpr(other))
+        finally:
+            self._vec = saved
+        while e > 1:  # fold the upper half onto the lower half
+            e //= 2
+            low = b.shuffle_vector(lanes, lanes, ir.Constant(ir.VectorType(I32, e), list(range(e))))
+            high = b.shuffle_vector(lanes, lanes, ir.Constant(ir.VectorType(I32, e), list(range(e, 2 * e))))
+            lanes = self.binary(v.op, low, high, v.dtype)
+        folded = b.extract_element(lanes, ir.Constant(I32, 0))
+        total = self.binary(v.op, self.expr(acc), folded, v.dtype)
+        b.store(self.to_memory(total, body.buffer.dtype), self.address(body.buffer, body.indices))
+        return True
 
     # -- statements in a vector body --------------------------------------------------------
     def vector_stmt(self, s: Stmt, var: Var, base: ir.Value, lanes: int) -> None:

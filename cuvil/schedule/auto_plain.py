@@ -23,6 +23,8 @@ from cuvil.schedule.contraction import _uses, unit_stride_last
 from cuvil.schedule.schedule import Schedule, Stage
 from cuvil.te.tensor import ComputeOp
 
+ROW_CHAINS = 4  # vectors of partial results a long row reduction keeps (independent dependence chains)
+
 
 def _dtype_bytes(dtype: str) -> int:
     from cuvil import dtype as dt
@@ -116,28 +118,28 @@ class PlainStrategies:
                 self._plain(st, parallel=None)
                 done.add(id(st))
             elif id(st) in members:
-                rf = self._plain(st, parallel=False)
+                rfs = self._plain(st, parallel=False)
                 reader = members[id(st)]
                 st.compute_at(reader, reader.op.axis[0])
-                if rf is not None:
-                    rf.compute_at(st, st.op.axis[0])
+                for rf, user in zip(rfs, [*rfs[1:], st]):  # each lane stage in the row loop of its reader
+                    rf.compute_at(user, user.op.axis[0])
                     done.add(id(rf))
 
-    def _plain(self, st: Stage, parallel: bool | None) -> Stage | None:
+    def _plain(self, st: Stage, parallel: bool | None) -> list[Stage]:
         """The reduction or element-wise strategy without its own proof (the caller proves the whole);
-        returns the lane stage a vector reduction creates.  ``parallel=None``: decide by work."""
+        returns the lane stages a vector reduction creates.  ``parallel=None``: decide by work."""
         if st.op.reduce_axis:
-            rf = self._rfactor_lanes(st) if self.knobs.get(st.name, {}).get("lanes", True) else None
+            rfs = self._rfactor_lanes(st) if self.knobs.get(st.name, {}).get("lanes", True) else []
             if parallel is not False and (self.knobs.get(st.name, {}).get("parallel", self._big(st))):
-                for stage in ([rf] if rf is not None else []) + [st]:
+                for stage in [*rfs, st]:
                     loop = _outer_loop(stage)
                     if loop is not None:
                         stage.parallel(loop)
-            return rf
+            return rfs
         if parallel is False and len(st.op.axis) == 1:
-            return None  # one element per row
+            return []  # one element per row
         self._elementwise(st, strict=True, parallel=parallel)
-        return None
+        return []
 
     # -- strategies ---------------------------------------------------------------------
     def reduction(self, st: Stage) -> None:
@@ -229,38 +231,52 @@ class PlainStrategies:
         """
         try:
             with self.s.deferred_checks(self.outputs):
-                rf = self._rfactor_lanes(st)
-                if rf is None:
+                rfs = self._rfactor_lanes(st)
+                if not rfs:
                     return False
-                for stage in (rf, st):
+                for stage in (*rfs, st):
                     loop = _outer_loop(stage)
-                    if loop is not None and self._big(rf):
+                    if loop is not None and self._big(rfs[0]):
                         stage.parallel(loop)
         except ScheduleError:
             return False
         return True
 
-    def _rfactor_lanes(self, st: Stage) -> Stage | None:
-        """The lane stage of :meth:`_vector_reduction` (not proved here), or None when ``st`` is not a row
-        reduction over one unit-stride axis."""
+    def _rfactor_lanes(self, st: Stage) -> list[Stage]:
+        """The lane stages of :meth:`_vector_reduction` (not proved here), outermost first; empty when
+        ``st`` is not a row reduction over one unit-stride axis.
+
+        A row of at least 8 vectors whose length is a multiple of 4 vectors keeps 4 vectors of partial
+        results (independent chains: one vector add or max waits 4 cycles for the previous, four overlap),
+        folded into one vector, then into the scalar::
+
+            S.rf[i, l] = reduce(r.outer) X[i, r.outer * 4v + l]     (l < 4v, vectorised)
+            S.rf_1[i, m] = reduce(l.outer) S.rf[i, l.outer * v + m]  (m < v, vectorised)
+            S[i] = reduce(m) S.rf_1[i, m]
+        """
         op = st.op
         if not isinstance(op, ComputeOp) or len(op.reduce_axis) != 1 or op.body.where is not None:
-            return None
+            return []
         (r,) = op.reduce_axis
         v = self.lanes(op.dtype)
         ext = const_int(r.extent)
         if ext is None or ext % v or ext < 4 * v or not dt_float(op.dtype):
-            return None
+            return []
         reads = [n for n in walk(op.body.source) if isinstance(n, TensorRead)]
         if not reads or not all(unit_stride_last(x, r) for x in reads):
-            return None
-        _, ri = st.split(r, factor=v)
-        rf = self.s[self.s.rfactor(op.output(0), ri, factor_axis=len(op.axis))]
-        lane = rf.op.axis[-1]
-        (ro,) = rf.op.reduce_axis
-        rf.reorder(ro, lane)
-        rf.vectorize(lane)
-        return rf
+            return []
+        chains = ROW_CHAINS if ext % (ROW_CHAINS * v) == 0 and ext >= 2 * ROW_CHAINS * v else 1
+        stages = []
+        for width in ([chains * v, v] if chains > 1 else [v]):
+            (red,) = st.op.reduce_axis
+            _, ri = st.split(red, factor=width)
+            rf = self.s[self.s.rfactor(st.op.output(0), ri, factor_axis=len(st.op.axis))]
+            lane = rf.op.axis[-1]
+            (ro,) = rf.op.reduce_axis
+            rf.reorder(ro, lane)
+            rf.vectorize(lane)
+            stages.append(rf)
+        return stages
 
     def elementwise(self, st: Stage) -> None:
         """Split the innermost loop by the vector width and vectorise it, run the outer loop in parallel:

@@ -17,8 +17,10 @@ A small local buffer ends up on the stack, or in registers once its indices
 are constants (unrolled loops).  The buffer's dimensions are ordered like
 the stage's loops, innermost last (a register tile ``C.local[f, x]`` whose
 loops run ``x`` then a vectorised ``f`` is stored ``[x, f]``), so that the
-innermost, vectorised loop walks contiguous memory.  Stages whose region size depends on a
-run-time size, or that another stage reads too, keep a whole buffer.
+innermost, vectorised loop walks contiguous memory.  Another reader is fine when isl shows it
+reads only elements written in the same iteration (softmax's exponentials, read by the row sum
+and the division inside one row iteration).  Stages whose region size depends on a run-time
+size, or with a reader outside the iteration, keep a whole buffer.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def plan_storage(model: PolyModel, tm: TimeMaps, intermediates: list[Any]) -> di
         if st.attach != "at" or id(st) not in tm.attach_dim:
             continue
         readers = [r for r in sched.compute_stages if r.attach != "inline" and sched.reads(r, st)]
-        if len(readers) != 1 or readers[0] is not st.attach_stage:
+        if not any(r is st.attach_stage for r in readers):
             continue
         d = tm.attach_dim[id(st)]
         stmts = [s for s in model.statements if s.stage is st]
@@ -72,6 +74,8 @@ def plan_storage(model: PolyModel, tm: TimeMaps, intermediates: list[Any]) -> di
             r = isl.UnionMap.from_map(_truncate(tm.maps[s.name], d + 1)).reverse().apply_range(s.writes)
             region = r if region is None else region.union(r)
         if region is None or region.is_empty():
+            continue
+        if len(readers) > 1 and not _reads_within(model, tm, readers, st, d, region):
             continue
         rmap = _free_determined_dims(isl.Map.from_union_map(region))  # prefix -> element
         shape, lower = [], []
@@ -104,6 +108,24 @@ def plan_storage(model: PolyModel, tm: TimeMaps, intermediates: list[Any]) -> di
                 fixed[k] = v.to_python()
         out[id(st)] = LocalStorage(st, d, tuple(shape), tuple(lower), fixed, _loop_order(st, len(shape)))
     return out
+
+
+def _reads_within(model: PolyModel, tm: TimeMaps, readers: list[Any], st: Any, d: int,
+                  region: isl.UnionMap) -> bool:
+    """Whether every read of ``st`` by ``readers`` happens in an iteration of the first ``d + 1`` time
+    dimensions that wrote the element read (a softmax's exponentials, read by the row sum and by the
+    division, both computed in the same row iteration): then a buffer per iteration holds them all."""
+    written = region.range()
+    for s in model.statements:
+        if not any(s.stage is r for r in readers):
+            continue
+        reads = s.reads.intersect_range(written)
+        if reads.is_empty():
+            continue
+        r = isl.UnionMap.from_map(_truncate(tm.maps[s.name], d + 1)).reverse().apply_range(reads)
+        if not r.is_subset(region):
+            return False
+    return True
 
 
 def _loop_order(st: Any, ndim: int) -> tuple[int, ...]:
