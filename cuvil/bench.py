@@ -227,17 +227,24 @@ def median_time(fn: Callable[[], Any], repeat: int = 5, budget_s: float = 0.2) -
     return float(np.median(ts))
 
 
-def interleaved(rivals: dict[str, Callable[[], Any]], rounds: int = 7, budget_s: float = 0.04
-                ) -> tuple[dict[str, float], dict[str, float]]:
+SETTLE_S = 0.15  # seconds between rivals at more than one thread (see interleaved)
+
+
+def interleaved(rivals: dict[str, Callable[[], Any]], rounds: int = 7, budget_s: float = 0.04,
+                settle_s: float = 0.0) -> tuple[dict[str, float], dict[str, float]]:
     """Median seconds of each rival and the median over rounds of (rival time / cuvil time).
 
     Each round times every rival (a median of its calls for ``budget_s``) in a rotating order, so a
     ratio compares times taken a moment apart: on a shared machine whose speed drifts by 10-40%
-    between seconds, the ratio of medians taken one after the other drifts with it."""
+    between seconds, the ratio of medians taken one after the other drifts with it.  ``settle_s``:
+    a pause before each rival, for the idle threads of the one before to stop spinning (with 2
+    threads, onnxruntime's pool spins for 20-100 ms after a run: a 128x768 softmax timed right after
+    it took 0.21 ms instead of 0.04)."""
     names = list(rivals)
     per: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         for n in names[r % len(names):] + names[:r % len(names)]:
+            time.sleep(settle_s)
             per[n].append(median_time(rivals[n], 3, budget_s))
     times = {n: float(np.median(v)) for n, v in per.items()}
     ratios = {n: float(np.median([t / c for t, c in zip(v, per["cuvil"])])) for n, v in per.items()}
@@ -319,7 +326,7 @@ def run(threads: list[int], quick: bool = False, rounds: int = 7, only: str | No
                     print(f"{w.name}: cuvil and onnxruntime disagree")
                 rivals["ort"] = lambda s_=sess, f_=feeds: s_.run(None, f_)
             with _threads(th):
-                times, ratios = interleaved(rivals, rounds)
+                times, ratios = interleaved(rivals, rounds, settle_s=SETTLE_S if th > 1 else 0.0)
             t_c, t_n, t_o = times["cuvil"], times.get("numpy"), times.get("ort")
             rate = f"{w.flops / t_c / 1e9:8.1f} GFLOP/s" if w.flops else f"{w.nbytes / t_c / 1e9:8.1f} GB/s  "
             share = f"{w.flops / t_c / peaks[th]:>6.0%}" if w.flops else f"{'-':>6}"

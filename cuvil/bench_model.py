@@ -200,7 +200,7 @@ def bench_one(name: str, threads: list[int], cold: bool = True, rounds: int = 5,
               profile_top: int = 0) -> ModelResult:
     """Measure one model (see the module docstring)."""
     import cuvil
-    from cuvil.bench import median_time
+    from cuvil.bench import SETTLE_S, median_time
 
     res = ModelResult(name)
     with tempfile.TemporaryDirectory(prefix="cuvil-bench-") as work:
@@ -238,6 +238,8 @@ def bench_one(name: str, threads: list[int], cold: bool = True, rounds: int = 5,
                 for r in range(rounds):  # interleaved, each round starting with the other one
                     pair = [lambda: prog.run(run_feeds), lambda s=ort_sess: s.run(names, feeds)]
                     for k in ((0, 1) if r % 2 == 0 else (1, 0)):
+                        if t > 1:  # the other one's idle threads stop spinning first (see cuvil.bench.interleaved)
+                            time.sleep(SETTLE_S)
                         (ours if k == 0 else theirs).append(median_time(pair[k], repeat=3, budget_s=budget_s))
                 res.latency[t] = (float(np.median(ours)), float(np.median(theirs)))
                 if profile_top and not res.profile:
