@@ -168,3 +168,22 @@ def test_tune_model_tunes_the_kernels_of_an_onnx_model(tmp_path) -> None:
         for r in res:
             recs = d.records(r.key)
             assert len(recs) == r.trials and not d.final_stale(r.key, recs[0].target, 1)
+
+
+def test_unguarded_script_gets_a_clear_error(tmp_path) -> None:
+    # tune() at the top level of a script: the spawned workers import the script again; both the
+    # worker and the caller say what to do instead of a multiprocessing traceback
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from cuvil import te\nfrom cuvil.autotune import tune\n"
+        "A = te.placeholder((16, 16), name='A')\nB = te.placeholder((16, 16), name='B')\n"
+        "k = te.reduce_axis((0, 16), name='k')\n"
+        "C = te.compute((16, 16), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name='C')\n"
+        f"tune([A, B, C], trials=2, db={str(tmp_path / 't.db')!r}, progress=False)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("cuvil.errors.CuvilError") and 'if __name__ == "__main__":' in last, out.stderr[-2000:]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -33,6 +34,11 @@ from cuvil.errors import ArgumentError, CuvilError
 
 log = logging.getLogger("cuvil.autotune")
 
+
+
+SPAWN_HINT = ("tune() builds and measures in worker processes started with 'spawn', which import the calling "
+              "script again: a script that calls tune() at its top level must do so under "
+              "`if __name__ == \"__main__\":`")
 
 @dataclass
 class TuneResult:
@@ -140,6 +146,8 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
     if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
                                     or num_threads < 1):
         raise ArgumentError(f"tune: num_threads must be a positive int or None, got {num_threads!r}")
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise CuvilError(SPAWN_HINT)  # a worker starting up imports the user's script, which calls tune()
     tgt = target if isinstance(target, Target) else Target(target)
     if tgt.kind != "llvm" or not tgt.is_host:
         raise ArgumentError(f"tune: measuring needs this machine's CPU ('llvm'); {tgt.canonical!r} would need a "
@@ -229,7 +237,9 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
             # the untuned schedule's outputs are the reference every candidate must match
             ref_build = builds[0]
             if ref_build.status != "ok":
-                raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not build: {ref_build.error}")
+                hint = f" ({SPAWN_HINT})" if "crashed" in (ref_build.error or "") else ""
+                raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not build: {ref_build.error}"
+                                 + hint)
             ref = runner.reference(ref_build)
             if ref.status != "ok":
                 raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not run: {ref.error}")
