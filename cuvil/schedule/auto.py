@@ -156,7 +156,9 @@ class AutoScheduler(PlainStrategies):
         # 14 rows x 2 vectors (28 accumulators, 1.75 multiply-adds per load instead of 1.6; 1x1 1024->256
         # @14x14 at 1 thread 1.20x, 256->64 and 64->256 @56x56 1.06-1.09x); a 3x3 window's three loops
         # keep 8 rows (LLVM unrolls the innermost and holds its three filter pairs: 14 rows spill)
-        tall = (not big and c.panel is not None and regs >= 32 and nv == 2 and _reduction_loops(c) == 1)
+        tall = (not big and c.panel is not None and regs >= 32 and nv == 2 and _reduction_loops(c) == 1
+                and ext_i is not None and any(ext_i % m == 0 for m in range(10, TALL_TILE_ROWS + 1)))
+        # (only without a tail tile: an MLP layer's 64 rows as 13 + ... + 12 measured no faster than 8 x 8)
         mr = 6 if big else TALL_TILE_ROWS if tall else max(1, min(8, (regs - 4) // 2 - 2))
         if ext_i is not None and ext_i < mr:
             mr = max(1, ext_i)
