@@ -449,9 +449,15 @@ def _default_ku(op: ComputeOp, c: Contraction) -> int:
     """Reduction steps per iteration of the tile's innermost reduction loop when no knob says: two for a
     matmul-like contraction (one reduction axis, no operand stored in panels ahead of time: 1 thread, CPU time,
     interleaved: 1024^3 1.05-1.07x, 4096 x 4096 x 1024 1.00-1.08x, 1000^3 0.99-1.10x, 12 x 128 x 128 x 64
-    batched 1.01-1.02x); one step otherwise (convolutions gained nothing, and a 1x1 one over 1024 channels
-    with its filters packed at compile time lost 12%)."""
-    return DEFAULT_KU if len(op.reduce_axis) == 1 and c.panel is None else 1
+    batched 1.01-1.02x), and for one reduction loop of at least 256 steps over an operand in panels (a
+    model's dense layer, 1x1 convolutions with their filters packed at compile time: an MLP layer 64 x 1024
+    x 1024 1.03-1.09x, 1x1 1024->256@14 with 14-row tiles 1.06x, 256->64@56 1.02x; with 8-row tiles the
+    1024->256 one had measured 0.88x once); one step otherwise (3x3 convolutions gained nothing, K = 64
+    1.00x)."""
+    if len(op.reduce_axis) != 1:
+        return 1
+    steps = const_int(op.reduce_axis[0].extent) or 0
+    return DEFAULT_KU if c.panel is None or steps >= 256 else 1
 
 
 def _unroll_reduction(cache: Stage, red: list[IterVar], ku: int) -> None:
