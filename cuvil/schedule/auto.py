@@ -265,7 +265,16 @@ class AutoScheduler(PlainStrategies):
                 loops[-1] = outer.fuse(prev, a)
         if k.get("parallel", work >= PARALLEL_MIN_WORK):  # below it, waking threads costs more than it saves
             outer.parallel(loops[0])
-        outer.vectorize(ji)
+        if oi is outer.op.axis[-1] and oj is not outer.op.axis[-1] and mr in (4, 8, 16):
+            # the tile's rows are the output's contiguous axis (NCHW convolutions with filters in lanes):
+            # stored a column at a time, rows as one vector, the columns unrolled so that LLVM transposes
+            # the register tile with shuffles instead of one extract and one store per element (the 7x7
+            # stride-2 stem of ResNet, 147 reduction steps per 256 stores: 3.45 -> 3.18 ms; 3x3 1.01-1.02x)
+            outer.reorder(ji, ii)
+            outer.unroll(ji)
+            outer.vectorize(ii)
+        else:
+            outer.vectorize(ji)
         cache.compute_at(outer, loops[-1])
         ci = c.i if not epilogue else c.i
         cj = c.j
