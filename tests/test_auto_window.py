@@ -39,3 +39,26 @@ def test_depthwise_pads_each_channel_inside_its_loop(n, c, h, stride):
         assert any(op == "compute_at" for op, _ in steps), s.trace
         loops = str(cuvil.lower(s, [X, W, Y]))
         assert "global float32 conv_pad" not in loops and "local float32 conv_pad" in loops, loops
+
+
+def test_seven_tap_window_is_unrolled_and_matches_numpy():
+    # a 7x7 stride-2 convolution (ResNet's stem, small): the innermost window loop (7 taps) is unrolled
+    # whole (ku = 8), the tile stored a column at a time; the result is numpy's
+    X = te.placeholder((1, 3, 20, 20), name="X")
+    W = te.placeholder((16, 3, 7, 7), name="W")
+    Y = ops.conv2d_nchw(X, W, stride=2, padding=3)
+    s = cuvil.auto_schedule([X, W, Y])
+    assert any(st.op == "unroll" and st.stage.endswith("local") and st.args == ("rx",) for st in s.trace), s.trace
+    mod = cuvil.build(s, [X, W, Y])
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 3, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((16, 3, 7, 7)).astype(np.float32)
+    y = np.empty([int(d.value) for d in Y.shape], np.float32)
+    mod(x, w, y)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (3, 3), (3, 3)))
+    want = np.zeros((1, 16, 10, 10))
+    for ry in range(7):
+        for rx in range(7):
+            patch = xp[:, :, ry:ry + 20:2, rx:rx + 20:2]  # (1, 3, 10, 10)
+            want += np.einsum("nchw,fc->nfhw", patch, w[:, :, ry, rx])
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.sqrt(147) * 4)
