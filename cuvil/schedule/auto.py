@@ -276,7 +276,7 @@ class AutoScheduler(PlainStrategies):
         else:
             outer.vectorize(ji)
         cache.compute_at(outer, loops[-1])
-        ci = c.i if not epilogue else c.i
+        ci = c.i
         cj = c.j
         others = [a for a in cache.leaves if a is not ci and a is not cj and a.kind == "data"]
         red = [a for a in cache.leaves if a.kind == "reduce"]

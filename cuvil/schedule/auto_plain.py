@@ -197,15 +197,17 @@ class PlainStrategies:
             parallel for (c) for (y) ... P[c, y + ry, x + rx]  ->    for (y, x) P[y, x] = pad(X)[c, ..]
                                                                     for (y) ... P[y + ry, x + rx] }
         A copy whose parts overlap between iterations (the reads of a dense convolution) stays apart."""
+        pos = next((k for k, a in enumerate(st.op.axis) if a is loop), None)
+        if pos is None:
+            return
+        ones = {r: E.const(0, r.dtype) for r in st.op.reduce_axis if const_int(r.extent) == 1}
         for prod in self.s.compute_stages:
             if prod is st or prod.attach != "root" or prod.op.reduce_axis or any(prod is o for o in self.outputs):
                 continue
             if not self.s.reads(st, prod) or _readers(self.s, prod) != [st]:
                 continue
-            pos = next((k for k, a in enumerate(st.op.axis) if a is loop), None)
             reads = [n for n in walk(st.op.body) if isinstance(n, TensorRead) and n.tensor is prod.op.output(0)]
-            ones = {r: E.const(0, r.dtype) for r in st.op.reduce_axis if const_int(r.extent) == 1}
-            if pos is None or not reads or any(
+            if not reads or any(
                     len(r.indices) <= pos or not structural_equal(simplify_expr(substitute(r.indices[pos], ones)), loop)
                     for r in reads):
                 continue  # each iteration must read its own slice of the copy (no overlap, no recompute)
