@@ -47,7 +47,8 @@ from cuvil.schedule.contraction import (
 from cuvil.schedule.schedule import Schedule, Stage
 from cuvil.te.tensor import ComputeOp, PlaceholderOp, Tensor
 
-PARALLEL_MIN_WORK = 1 << 22  # multiply-adds a contraction needs before its tile loop runs on threads
+PARALLEL_MIN_WORK = 1 << 20  # multiply-adds a contraction needs before its tile loop runs on threads (1M:
+# ~8 us at 1 thread; with spinning teams and grains, 127x255x63 at 2 threads 41 -> 32 us; 4M kept it serial)
 BIG_TILE_ROWS = 512  # rows from which a contraction gets the 6 x 4-vector register tile (see _tile_sizes)
 TALL_TILE_ROWS = 14  # rows of the tile over panels read by one reduction loop (see _tile_sizes)
 PACK_GAIN = 1.25  # how much more work per load a tile must get before an operand is packed to make it
