@@ -268,9 +268,10 @@ class AutoScheduler(PlainStrategies):
             outer.parallel(loops[0])
         if oi is outer.op.axis[-1] and oj is not outer.op.axis[-1] and mr in (4, 8, 16):
             # the tile's rows are the output's contiguous axis (NCHW convolutions with filters in lanes):
-            # stored a column at a time, rows as one vector, the columns unrolled so that LLVM transposes
-            # the register tile with shuffles instead of one extract and one store per element (the 7x7
-            # stride-2 stem of ResNet, 147 reduction steps per 256 stores: 3.45 -> 3.18 ms; 3x3 1.01-1.02x)
+            # stored a column at a time, rows as one vector store, the columns unrolled, instead of one
+            # extract and one store per element (the 7x7 stride-2 stem of ResNet, 147 reduction steps per
+            # 256 stores: 3.45 -> 3.18 ms; 3x3 1.01-1.02x). LLVM still gathers each vector from the tile's
+            # stack copy lane by lane: an in-register transpose would save more
             outer.reorder(ji, ii)
             outer.unroll(ji)
             outer.vectorize(ii)
