@@ -264,6 +264,29 @@ def test_random_expressions_vector_equals_serial(d0, d1, data):
         same_as_serial(build, [d0, d1], [a, b])
 
 
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(ALL), st.sampled_from([3, 5, 7, 11, 13, 14, 15, 24, 56]), st.data())
+def test_constant_extent_tail_is_one_masked_vector(d0, extent, data):
+    """A constant extent that is not a power of two (a 7-wide row) ends in one masked vector: the same
+    values as the serial loop, and nothing past the extent read or written (the buffers are longer)."""
+    out_dtype = data.draw(st.sampled_from(ALL))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    n = extent + 3
+    a = values(d0, n, rng)
+    p0, iv = Var(d0, "p0"), Var("int64", "iv")
+    expr = data.draw(expressions(out_dtype, [p0, iv], 3))
+
+    def build(i, x):
+        return [substitute(expr, {p0: Load(d0, x, (i,)), iv: i})]
+
+    with np.errstate(all="ignore"):
+        outs = same_as_serial(build, [d0], [a], extent=E.const(extent, "int64"))
+    assert not outs[0][extent:].any()  # zeros as allocated: the masked tail stored nothing past the end
+    func = kernel(build, [d0], "vectorize", E.const(extent, "int64"))
+    if extent in (7, 11, 13, 14, 15) and dt.bits(out_dtype) >= 8:
+        assert "llvm.masked.store" in Module(func, "llvm").get_source("llvm-unopt")
+
+
 def test_select_never_reads_the_unchosen_side():
     far = c64(10 ** 12)
 

@@ -197,19 +197,30 @@ class VectorLoops:
             n_vec = b.and_(ext, ir.Constant(t, -lanes & ((1 << t.width) - 1)))
             has_tail = True
 
-        def vector_body(c: ir.Value, width: int = lanes) -> None:
-            self.vector_stmt(s.body, s.var, self.builder.add(lo, c), width)
+        def vector_body(c: ir.Value, width: int = lanes, valid: int | None = None) -> None:
+            self.vector_stmt(s.body, s.var, self.builder.add(lo, c), width, valid)
 
         def scalar_body(c: ir.Value) -> None:
             self.env[s.var] = self.builder.add(lo, c)
             self.stmt(s.body)
             del self.env[s.var]
 
-        if ext_const is not None and ext_const // lanes == 1:
+        rem = ext_const % lanes if ext_const is not None else 0
+        if rem < 3 or not rem & (rem - 1):
+            rem = 0  # a power of two (or 1-2 lanes): the pieces below are as cheap as a masked vector
+        if ext_const is not None and ext_const < lanes * 2 and ext_const % lanes and rem and ext_const < native:
+            n_vec, has_tail = ir.Constant(t, 0), True  # one register, not a power of two: one masked vector
+            rem = ext_const
+        if ext_const is not None and ext_const // lanes == 1 and int(n_vec.constant) == lanes:
             vector_body(ir.Constant(t, 0))
-        else:
+        elif ext_const is None or int(n_vec.constant) > 0:
             self.counted_loop(f"{s.var.name}.vec", t, ir.Constant(t, 0), n_vec, lanes, signed, vector_body)
-        if has_tail:
+        if has_tail and rem:
+            # the rest (3 or more lanes, not a power of two: 7 of a 7-wide row) as one vector whose lanes past
+            # the end are neither loaded nor stored (masked), instead of 4 + 2 + 1
+            width = 1 << (rem - 1).bit_length()
+            vector_body(n_vec, width, rem)
+        elif has_tail:
             # the remainder in narrower vectors (lanes/2, lanes/4, ... down to 2), then scalars
             pos: ir.Value = n_vec
             width = lanes // 2
@@ -254,12 +265,12 @@ class VectorLoops:
             return False
         b = self.builder
         lo = self.cast(self.expr(s.min), s.min.dtype, s.var.dtype)
-        saved = getattr(self, "_vec", None)
-        self._vec = (s.var, lo, e, {})
+        saved = getattr(self, "_vec", None), getattr(self, "_valid", None)
+        self._vec, self._valid = (s.var, lo, e, {}), None
         try:
             lanes = self.vec(self.vexpr(other))
         finally:
-            self._vec = saved
+            self._vec, self._valid = saved
         while e > 1:  # fold the upper half onto the lower half
             e //= 2
             low = b.shuffle_vector(lanes, lanes, ir.Constant(ir.VectorType(I32, e), list(range(e))))
@@ -271,13 +282,26 @@ class VectorLoops:
         return True
 
     # -- statements in a vector body --------------------------------------------------------
-    def vector_stmt(self, s: Stmt, var: Var, base: ir.Value, lanes: int) -> None:
-        saved = getattr(self, "_vec", None)
-        self._vec = (var, base, lanes, {})
+    def vector_stmt(self, s: Stmt, var: Var, base: ir.Value, lanes: int, valid: int | None = None) -> None:
+        """``s`` for ``lanes`` values of ``var`` from ``base``; only the first ``valid`` lanes (all when None)
+        touch memory (the masked tail of a row)."""
+        saved = getattr(self, "_vec", None), getattr(self, "_valid", None)
+        self._vec, self._valid = (var, base, lanes, {}), valid
         try:
             self._vstmt(s)
         finally:
-            self._vec = saved
+            self._vec, self._valid = saved
+
+    def _valid_mask(self, lanes: int) -> ir.Constant | None:
+        """The constant mask of the lanes that exist (None: all of them)."""
+        valid = getattr(self, "_valid", None)
+        if valid is None or valid >= lanes:
+            return None
+        return ir.Constant(ir.VectorType(ir.IntType(1), lanes), [1] * valid + [0] * (lanes - valid))
+
+    def _live(self, lanes: int) -> int:
+        valid = getattr(self, "_valid", None)
+        return lanes if valid is None else min(valid, lanes)
 
     def _vstmt(self, s: Stmt) -> None:
         b = self.builder
@@ -314,16 +338,23 @@ class VectorLoops:
         ptr, flat = self._vflat(s.buffer, s.indices)
         mt = mem_type(s.buffer.dtype)
         if flat.stride == 0:  # every lane writes one element: the last lane's value stays
-            v = val.value if val.stride == 0 else b.extract_element(self.vec(val), ir.Constant(I32, lanes - 1))
+            last = ir.Constant(I32, self._live(lanes) - 1)
+            v = val.value if val.stride == 0 else b.extract_element(self.vec(val), last)
             b.store(self.to_memory(v, s.buffer.dtype), b.gep(ptr, [flat.value], inbounds=True, source_etype=mt))
             return
         data = self.to_memory(self.vec(val), s.buffer.dtype)
+        mask = self._valid_mask(lanes)
+        if flat.stride == 1 and mask is not None:
+            addr = b.gep(ptr, [flat.value], inbounds=True, source_etype=mt)
+            fn = self._masked_intrinsic("store", data.type, mask.type)
+            b.call(fn, [data, addr, ir.Constant(I32, dt.nbytes(s.buffer.dtype)), mask])
+            return
         if flat.stride == 1:
             st = b.store(data, b.gep(ptr, [flat.value], inbounds=True, source_etype=mt))
             st.align = dt.nbytes(s.buffer.dtype)
             return
         idx = self.vec(flat)
-        for lane in range(lanes):  # scatter, in lane order
+        for lane in range(self._live(lanes)):  # scatter, in lane order
             k = ir.Constant(I32, lane)
             addr = b.gep(ptr, [b.extract_element(idx, k)], inbounds=True, source_etype=mt)
             b.store(b.extract_element(data, k), addr)
@@ -393,7 +424,7 @@ class VectorLoops:
         out: ir.Value = ir.Constant(ir.VectorType(reg_type(e.dtype), lanes), ir.Undefined)
         self._vec = None  # scalar code from here: the loop variable is a scalar per lane
         try:
-            for lane in range(lanes):
+            for lane in range(self._live(lanes)):
                 self.env[var] = b.add(base, ir.Constant(base.type, lane))
                 out = b.insert_element(out, self.expr(e), ir.Constant(I32, lane))
         finally:
@@ -444,15 +475,26 @@ class VectorLoops:
             return None
         mt = mem_type(e.dtype)
         vt = ir.VectorType(mt, mask.type.count)
-        suffix = f"v{vt.count}" + (f"i{mt.width}" if isinstance(mt, ir.IntType) else
-                                   {"float": "f32", "double": "f64", "half": "f16"}[str(mt)])
-        name = f"llvm.masked.load.{suffix}.p0"
-        fn = b.module.globals.get(name)
-        if fn is None:
-            fn = ir.Function(b.module, ir.FunctionType(vt, [ir.PointerType(), I32, mask.type, vt]), name)
+        valid = self._valid_mask(mask.type.count)
+        if valid is not None:
+            mask = b.and_(mask, valid)
+        fn = self._masked_intrinsic("load", vt, mask.type)
         addr = b.gep(ptr, [flat.value], inbounds=True, source_etype=mt)
         v = b.call(fn, [addr, ir.Constant(I32, dt.nbytes(e.dtype)), mask, ir.Constant(vt, None)])
         return self._from_memory(v, e.dtype)
+
+    def _masked_intrinsic(self, kind: str, vt: ir.VectorType, mask_t: ir.Type) -> ir.Function:
+        """``llvm.masked.load`` / ``llvm.masked.store`` for vectors of type ``vt``."""
+        mt = vt.element
+        suffix = f"v{vt.count}" + (f"i{mt.width}" if isinstance(mt, ir.IntType) else
+                                   {"float": "f32", "double": "f64", "half": "f16"}[str(mt)])
+        name = f"llvm.masked.{kind}.{suffix}.p0"
+        fn = self.builder.module.globals.get(name)
+        if fn is None:
+            sig = (ir.FunctionType(vt, [ir.PointerType(), I32, mask_t, vt]) if kind == "load" else
+                   ir.FunctionType(ir.VoidType(), [vt, ir.PointerType(), I32, mask_t]))
+            fn = ir.Function(self.builder.module, sig, name)
+        return fn
 
     def _vflat(self, buffer: Any, indices: tuple[Expr, ...]) -> tuple[ir.Value, Lanes]:
         """The buffer's pointer and the row-major flat index (int64 lanes) of ``indices``."""
@@ -501,13 +543,18 @@ class VectorLoops:
             v = b.load(b.gep(ptr, [flat.value], inbounds=True, source_etype=mt), typ=mt)
             return Lanes(self._from_memory(v, e.dtype), 0)
         vt = ir.VectorType(mt, lanes)
-        if flat.stride == 1:
+        mask = self._valid_mask(lanes)
+        if flat.stride == 1 and mask is not None:
+            fn = self._masked_intrinsic("load", vt, mask.type)
+            addr = b.gep(ptr, [flat.value], inbounds=True, source_etype=mt)
+            v = b.call(fn, [addr, ir.Constant(I32, dt.nbytes(e.dtype)), mask, ir.Constant(vt, None)])
+        elif flat.stride == 1:
             v = b.load(b.gep(ptr, [flat.value], inbounds=True, source_etype=mt), typ=vt)
             v.align = dt.nbytes(e.dtype)
         else:  # gather: one scalar load per lane
             idx = self.vec(flat)
-            v = ir.Constant(vt, ir.Undefined)
-            for lane in range(lanes):
+            v = ir.Constant(vt, None)
+            for lane in range(self._live(lanes)):
                 k = ir.Constant(I32, lane)
                 x = b.load(b.gep(ptr, [b.extract_element(idx, k)], inbounds=True, source_etype=mt), typ=mt)
                 v = b.insert_element(v, x, k)
