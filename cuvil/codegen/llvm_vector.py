@@ -208,7 +208,7 @@ class VectorLoops:
         rem = ext_const % lanes if ext_const is not None else 0
         if rem < 3 or not rem & (rem - 1):
             rem = 0  # a power of two (or 1-2 lanes): the pieces below are as cheap as a masked vector
-        if ext_const is not None and ext_const < lanes * 2 and ext_const % lanes and rem and ext_const < native:
+        if rem and ext_const < native:  # (lanes <= E < 2 lanes here: E is the rest)
             n_vec, has_tail = ir.Constant(t, 0), True  # one register, not a power of two: one masked vector
             rem = ext_const
         if ext_const is not None and ext_const // lanes == 1 and int(n_vec.constant) == lanes:
@@ -478,10 +478,14 @@ class VectorLoops:
         valid = self._valid_mask(mask.type.count)
         if valid is not None:
             mask = b.and_(mask, valid)
+        return self._from_memory(self._masked_load(ptr, flat.value, vt, mask, dt.nbytes(e.dtype)), e.dtype)
+
+    def _masked_load(self, ptr: ir.Value, index: ir.Value, vt: ir.VectorType, mask: ir.Value, align: int
+                     ) -> ir.Value:
+        """``vt`` from ``ptr[index ...]`` (elements ``align`` bytes apart), lanes off ``mask`` not read (zero)."""
+        addr = self.builder.gep(ptr, [index], inbounds=True, source_etype=vt.element)
         fn = self._masked_intrinsic("load", vt, mask.type)
-        addr = b.gep(ptr, [flat.value], inbounds=True, source_etype=mt)
-        v = b.call(fn, [addr, ir.Constant(I32, dt.nbytes(e.dtype)), mask, ir.Constant(vt, None)])
-        return self._from_memory(v, e.dtype)
+        return self.builder.call(fn, [addr, ir.Constant(I32, align), mask, ir.Constant(vt, None)])
 
     def _masked_intrinsic(self, kind: str, vt: ir.VectorType, mask_t: ir.Type) -> ir.Function:
         """``llvm.masked.load`` / ``llvm.masked.store`` for vectors of type ``vt``."""
@@ -545,9 +549,7 @@ class VectorLoops:
         vt = ir.VectorType(mt, lanes)
         mask = self._valid_mask(lanes)
         if flat.stride == 1 and mask is not None:
-            fn = self._masked_intrinsic("load", vt, mask.type)
-            addr = b.gep(ptr, [flat.value], inbounds=True, source_etype=mt)
-            v = b.call(fn, [addr, ir.Constant(I32, dt.nbytes(e.dtype)), mask, ir.Constant(vt, None)])
+            v = self._masked_load(ptr, flat.value, vt, mask, dt.nbytes(e.dtype))
         elif flat.stride == 1:
             v = b.load(b.gep(ptr, [flat.value], inbounds=True, source_etype=mt), typ=vt)
             v.align = dt.nbytes(e.dtype)
