@@ -327,9 +327,14 @@ def test_softmax(shape: list[int], dtype: str, scale: float, seed: int) -> None:
 def test_layer_norm(rows: int, d: int, dtype: str, offset: float, seed: int) -> None:
     """y = (x - mean) * rsqrt(var + 1e-5) * gamma + beta over the last axis, mean and var in their own stages.
 
-    Bound: mean and var are D-term sums (gamma_D each, relative to the terms, here
-    O(sigma) because |offset| <= 3 sigma); x - mean, rsqrt, and the two products
-    add a few eps.  So |y - y_ref| <= (4D + 20) eps (|gamma| (|x_hat| + 1) + |beta|).
+    Bound, per row with m = max|x| and s = sqrt(var + 1e-5) (u = eps / 2): the mean of D terms errs by
+    (D - 1) u m + u m, so each centred value c = x - mean errs by e_c <= (D / 2 + 2) eps m.  The variance
+    sums (c + dc)^2: its first-order error in the mean cancels (sum c = 0), leaving 2 sqrt(var) e_c + 2 e_c^2
+    from the centred values and gamma_D var from the sum; rsqrt halves that relative to var + 1e-5 and adds
+    a few eps.  So |dy| <= |gamma| (e_c / s + |x_hat| (e_r + 3 eps)) + eps |beta| with
+    e_r = (2 sqrt(var) e_c + 2 e_c^2 + (D + 1) eps var) / (2 (var + 1e-5)) + 3 eps.  e_c / s is what
+    matters when the row's values nearly cancel (D = 2, two close values: var ~ 1e-7 against eps 1e-5,
+    the centred values' rounding amplified ~300x).
     """
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((rows, d)) + offset).astype(dtype)
@@ -347,9 +352,13 @@ def test_layer_norm(rows: int, d: int, dtype: str, offset: float, seed: int) -> 
     x64 = x.astype(np.float64)
     mu = x64.mean(-1, keepdims=True)
     var = ((x64 - mu) ** 2).mean(-1, keepdims=True)
-    xhat = (x64 - mu) / np.sqrt(var + 1e-5)
+    s = np.sqrt(var + 1e-5)
+    xhat = (x64 - mu) / s
     ref = xhat * g + bta
-    bound = (4 * d + 20) * eps(dtype) * (np.abs(g) * (np.abs(xhat) + 1) + np.abs(bta))
+    e = eps(dtype)
+    e_c = (d / 2 + 2) * e * np.abs(x64).max(-1, keepdims=True)
+    e_r = (2 * np.sqrt(var) * e_c + 2 * e_c ** 2 + (d + 1) * e * var) / (2 * (var + 1e-5)) + 3 * e
+    bound = np.abs(g) * (e_c / s + np.abs(xhat) * (e_r + 3 * e)) + e * np.abs(bta)
     assert_bounded(got, ref, bound, what="layernorm")
 
 
