@@ -2,7 +2,13 @@
 against the untuned auto_schedule and numpy.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/tune_matmul.py            # 1024^3, 3 seeds
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/tune_matmul.py --n 512 --layout tt   # A^T B^T
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/tune_matmul.py --n 256 --trials 16 --seeds 1
+
+``--layout tt`` computes ``C = A^T B^T`` (``C[i, j] = sum_k A[k, i] B[j, k]``, numpy: ``a.T @ b.T``), a
+program whose untuned schedule is not the space's best (512^3: 8 x 48 tiles run ~1.3x its 6 x 64), so
+the two searches are compared where there is something to find; on the plain matmul the untuned schedule
+is the best point within the machine's noise.
 
 For each seed: a guided run of ``--trials`` trials (its wall time is reported: the issue asks for 64 trials of
 the 1024^3 matmul in under 5 minutes) and a random run of as many.  The claim checked: the guided search's best
@@ -11,9 +17,15 @@ the untuned schedule measured during the runs).  Then the guided run is repeated
 measure nothing), and the kernel ``cuvil.build(..., tuning_db=db)`` gives (the final round's winner) is timed
 here in interleaved rounds beside the untuned schedule and numpy (pinned to the same thread count), so those
 columns share one machine state; guided's best after half the trials and random's after all of them are timed
-in the same rounds (the search claim without the in-run noise).  ``--dir`` keeps the database files; given
-the folder of an earlier run, nothing is tuned again and only the timing is redone.  Timings on a shared
-2-core machine are noisy: the load average is printed with each seed.
+in the same rounds (the search claim without the in-run noise).
+
+The verdict on the search is the re-timed one: the in-run figures of the best of 32 or 64 noisy
+measurements are biased upwards, more for the larger sample (random search's 64 draws get more chances
+of a lucky one), so they are printed but do not decide.  Re-timed, guided's pick counts as at least as
+fast unless random's pick was faster in so many rounds that chance does not explain it (a one-sided
+sign test at 5%: 12 or more of 15 rounds, 8 of 9); the same schedule is a tie.  ``--dir`` keeps the
+database files; given the folder of an earlier run, nothing is tuned again and only the timing is
+redone.  Timings on a shared 2-core machine are noisy: the load average is printed with each seed.
 """
 
 from __future__ import annotations
@@ -30,14 +42,26 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 
-def program(n: int) -> list:
+def program(n: int, layout: str = "nn") -> list:
+    """``C = A B`` ("nn") or ``C = A^T B^T`` ("tt": A stored k-major, B stored j-major), n x n x n."""
     from cuvil import te
 
     A = te.placeholder((n, n), name="A")
     B = te.placeholder((n, n), name="B")
     k = te.reduce_axis((0, n), name="k")
-    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    if layout == "tt":
+        C = te.compute((n, n), lambda i, j: te.sum(A[k, i] * B[j, k], axis=k), name="C")
+    else:
+        C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
     return [A, B, C]
+
+
+def sign_test_faster(wins: int, rounds: int) -> bool:
+    """Whether ``wins`` rounds of ``rounds`` is more than chance (two equally fast kernels win each round
+    with probability 1/2): one-sided binomial test at 5%."""
+    from math import comb
+
+    return sum(comb(rounds, w) for w in range(wins, rounds + 1)) / 2 ** rounds < 0.05
 
 
 def best_of(records: list, first: int) -> object:
@@ -53,11 +77,12 @@ def load() -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1024)
+    ap.add_argument("--layout", choices=("nn", "tt"), default="nn", help="nn: A B; tt: A^T B^T")
     ap.add_argument("--trials", type=int, default=64)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed ... first-seed + seeds - 1")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds of the final timing")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds of the final timing")
     ap.add_argument("--dir", default=None, help="where the database files go (default: a new temporary "
                     "folder); given an earlier run's folder, nothing is tuned again and only the timing is redone")
     opts = ap.parse_args()
@@ -77,15 +102,18 @@ def main() -> int:
         threadpool_limits = None
     n, half = opts.n, opts.trials // 2
     flops = 2.0 * n ** 3
-    args = program(n)
+    args = program(n, opts.layout)
+    what = f"matmul {n}^3" if opts.layout == "nn" else f"matmul A^T B^T {n}^3"
     tmp = opts.dir or tempfile.mkdtemp(prefix="cuvil-tune-bench-")
     os.makedirs(tmp, exist_ok=True)
-    print(f"matmul {n}^3, {opts.trials} trials per run, {opts.threads} thread(s); db files in {tmp}")
+    print(f"{what}, {opts.trials} trials per run, {opts.threads} thread(s); db files in {tmp}")
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
     c, c_np = np.empty((n, n), np.float32), np.empty((n, n), np.float32)
-    ref = a.astype(np.float64) @ b.astype(np.float64)
+    at, bt = (a.T, b.T) if opts.layout == "tt" else (a, b)  # what numpy multiplies (views: BLAS transposes)
+    ref = at.astype(np.float64) @ bt.astype(np.float64)
     claim_ok = rerun_ok = retimed = True
+    verdicts = []
     table = []
     for seed in range(opts.first_seed, opts.first_seed + opts.seeds):
         print(f"seed {seed}: {load()}", flush=True)
@@ -129,7 +157,7 @@ def main() -> int:
                 names = [*mods, "numpy"]
                 for name in names[r % len(names):] + names[: r % len(names)]:
                     if name == "numpy":  # into a given output, as the kernels write theirs
-                        times[name].append(median_time(lambda: np.matmul(a, b, out=c_np), 3, budget_s=0.1))
+                        times[name].append(median_time(lambda: np.matmul(at, bt, out=c_np), 3, budget_s=0.1))
                         continue
                     m = mods[name]
                     m(a, b, c)
@@ -139,7 +167,12 @@ def main() -> int:
             if limit is not None and hasattr(limit, "unregister"):
                 limit.unregister()
         med = {name: float(np.median(ts)) for name, ts in times.items()}
-        retimed &= med[f"guided@{half}"] <= med[f"random@{opts.trials}"]
+        g_t, r_t = times[f"guided@{half}"], times[f"random@{opts.trials}"]
+        same = g_half.trace == r_full.trace  # one schedule (two configurations can give the same loops)
+        random_wins = sum(r < g for g, r in zip(g_t, r_t))
+        lost = not same and sign_test_faster(random_wins, len(g_t))
+        retimed &= not lost
+        verdicts.append((seed, same, random_wins, len(g_t), float(np.median(np.array(g_t) / np.array(r_t))), lost))
         table.append((seed, med, g_wall, load()))
         print(f"  final use, median of {opts.rounds} interleaved rounds ({load()}): "
               + ", ".join(f"{name} {t * 1e3:.2f} ms ({flops / t / 1e9:.1f} GFLOP/s, {med['numpy'] / t:.2f}x numpy)"
@@ -154,10 +187,14 @@ def main() -> int:
               f"{med[f'random@{opts.trials}'] * 1e3:.2f} ms, {wall:.0f} s ({ld})")
     print(f"guided best after {half} trials >= random best after {opts.trials} on every seed: {claim_ok} "
           "(speed-ups measured during the runs)")
+    for seed, same, wins, rounds, ratio, lost in verdicts:
+        print(f"seed {seed}: re-timed guided@{half} / random@{opts.trials} = {ratio:.3f} (median of per-round "
+              f"ratios), random's pick faster in {wins} of {rounds} rounds"
+              + (" (the same schedule)" if same else "") + (": random is faster" if lost else ""))
     print(f"re-timed in interleaved rounds, guided's best after {half} is at least as fast as random's after "
-          f"{opts.trials} on every seed: {retimed}")
+          f"{opts.trials} on every seed (not slower beyond chance, sign test at 5%): {retimed}")
     print(f"a rerun with the same budget measured nothing on every seed: {rerun_ok}")
-    return 0 if claim_ok and rerun_ok else 1
+    return 0 if retimed and rerun_ok else 1
 
 
 if __name__ == "__main__":

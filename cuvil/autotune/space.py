@@ -72,25 +72,51 @@ class Space:
                              red_inner=const_int(op.reduce_axis[-1].extent) or 0,  # the loop "ku" unrolls
                              cands=[{"i": const_int(c.i.extent) or 1024, "j": const_int(c.j.extent) or 1024,
                                      "packable": c.pack_dim is not None or sch._packable(c, 16) is not None,
-                                     "must_pack": c.pack_dim is not None} for c in sch.candidates(op)],
+                                     "must_pack": c.pack_dim is not None,
+                                     # whether auto_schedule packs with each nr when the "pack" knob asks
+                                     "packs": {nr: c.panel is None and sch._packable(c, nr, op) is not None
+                                               for nr in self.knobs[st.name].get("nr", [])}}
+                                    for c in sch.candidates(op)],
                              default_candidate=int(default.get("candidate", 0)))
             self.facts[st.name] = facts
             self._default[st.name] = {k: v for k, v in default.items() if k in self.knobs[st.name]}
-        self.size = math.prod(len(vals) for kn in self.knobs.values() for vals in kn.values())
+        self._default = self.canonical(self._default)
+        self.size = math.prod(len(vals) for kn in self.knobs.values() for vals in kn.values())  # with duplicates
 
     # -- points ---------------------------------------------------------------------------
     def default(self) -> Config:
         """The untuned auto-scheduler's own choices, as a configuration."""
         return json.loads(json.dumps(self._default))
 
+    def canonical(self, cfg: Config) -> Config:
+        """``cfg`` with the knobs that do not change its schedule set to one value, so configurations that
+        give one schedule are one point (one hash, measured once): "pack" says whether the operand is packed
+        (False where auto_schedule cannot or will not pack it with that candidate and nr; True where the
+        candidate must be packed), and "ku" is the smallest value that unrolls the tile's innermost
+        reduction loop the same way (a 3-tap window: 4 and 8 both unroll it whole; 2 leaves it alone, as 1
+        does)."""
+        out = json.loads(json.dumps(cfg))
+        for st, kn in self.knobs.items():
+            k, f = out.get(st), self.facts.get(st, {})
+            if k is None or "cands" not in f:
+                continue
+            if "pack" in kn and "nr" in k and f["cands"]:
+                c = f["cands"][int(k.get("candidate", 0)) % len(f["cands"])]
+                k["pack"] = bool(c["packs"].get(k["nr"], False) and (k.get("pack", True) or c["must_pack"]))
+            if "ku" in kn and "ku" in k:
+                inner = int(f.get("red_inner") or 0)
+                steps = _unrolled_steps(int(k["ku"]), inner)
+                k["ku"] = min(v for v in kn["ku"] if _unrolled_steps(v, inner) == steps)
+        return out
+
     def sample(self, rng: random.Random) -> Config:
-        return {st: {k: rng.choice(vals) for k, vals in kn.items()} for st, kn in self.knobs.items()}
+        return self.canonical({st: {k: rng.choice(vals) for k, vals in kn.items()} for st, kn in self.knobs.items()})
 
     def mutate(self, cfg: Config, rng: random.Random, n: int = 1) -> Config:
         """``cfg`` with ``n`` knobs changed (a tile size moves to a neighbouring value more often than far);
         never ``cfg`` itself when another point exists."""
         for _ in range(10):
-            out = self._mutate(cfg, rng, n)
+            out = self.canonical(self._mutate(cfg, rng, n))
             if config_hash(out) != config_hash(cfg):
                 break
         return out
@@ -126,34 +152,39 @@ class Space:
                 for v in near:
                     c = json.loads(json.dumps(cfg))
                     c.setdefault(st, {})[k] = v
-                    out.append(c)
+                    c = self.canonical(c)
+                    h = config_hash(c)
+                    if h != config_hash(cfg) and h not in {config_hash(o) for o in out}:
+                        out.append(c)
         return out
 
     def crossover(self, a: Config, b: Config, rng: random.Random) -> Config:
-        return {st: {k: (a if rng.random() < 0.5 else b).get(st, {}).get(k, vals[0]) for k, vals in kn.items()}
-                for st, kn in self.knobs.items()}
+        return self.canonical({st: {k: (a if rng.random() < 0.5 else b).get(st, {}).get(k, vals[0])
+                                    for k, vals in kn.items()} for st, kn in self.knobs.items()})
 
     def enumerate(self, limit: int) -> list[Config] | None:
-        """Every configuration, when there are at most ``limit``; else None."""
+        """Every distinct (canonical) configuration, when the knobs make at most ``limit`` combinations;
+        else None."""
         if self.size > limit:
             return None
         import itertools
 
         slots = [(st, k, vals) for st, kn in self.knobs.items() for k, vals in kn.items()]
-        out = []
+        out: dict[str, Config] = {}
         for combo in itertools.product(*[vals for _, _, vals in slots]):
             cfg: Config = {st: {} for st in self.knobs}
             for (st, k, _), v in zip(slots, combo):
                 cfg[st][k] = v
-            out.append(cfg)
-        return out
+            cfg = self.canonical(cfg)
+            out.setdefault(config_hash(cfg), cfg)
+        return list(out.values())
 
     # -- features ---------------------------------------------------------------------------
     def features(self, cfg: Config) -> np.ndarray:
         """A fixed-length vector describing the loop nest ``cfg`` gives (see the module docstring)."""
         out: list[float] = []
         for st, kn in self.knobs.items():
-            k = {**self._default.get(st, {}), **cfg.get(st, {})}
+            k = self.canonical({st: {**self._default.get(st, {}), **cfg.get(st, {})}})[st]
             f = self.facts[st]
             if "candidate" in kn:
                 out += self._contraction_features(f, k)
@@ -177,7 +208,7 @@ class Space:
         waste_i = -(-ext_i // mr_e) * mr_e / ext_i - 1.0
         waste_j = -(-ext_j // nr_e) * nr_e / ext_j - 1.0
         lane_use = ext_j / (-(-ext_j // v) * v)
-        packed = bool(c["packable"]) and (bool(k.get("pack")) or c["must_pack"])
+        packed = bool(k.get("pack"))  # canonical: whether the operand is packed
         parallel = bool(k.get("parallel"))
         tiles = -(-ext_i // mr_e) * -(-ext_j // nr_e)
         th = self.threads if parallel else 1
