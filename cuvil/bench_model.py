@@ -19,6 +19,11 @@ and ResNet-18, MobileNetV2, the BERT-style encoder and the MLP of :mod:`cuvil.zo
     cuvil bench model.onnx --threads 1,2     # one model
     cuvil bench --models resnet18,light_squeezenet --no-cold
     cuvil bench resnet18 --threads 1 --profile 8    # and its 8 slowest kernel calls (cuvil.graph.profile)
+    cuvil bench resnet18 --tuning-db tuned.db        # kernels replayed from `cuvil tune` records
+
+With ``--tuning-db`` the cuvil column is the model compiled with the database's best schedules
+(``InferenceSession(..., tuning_db=)``), and the untuned compilation is timed in the same rounds
+(column "untuned"): what the tuning bought, end to end.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class ModelResult:
     ok: bool = True
     error: str = ""
     profile: str = ""  # the slowest kernel calls at the first thread count (--profile)
+    untuned: dict[int, float] = field(default_factory=dict)  # with a tuning database: threads -> untuned s
 
 
 # -- models and inputs ----------------------------------------------------------------------------
@@ -122,9 +128,10 @@ def resolve(name: str, workdir: str) -> tuple[str, str, dict[str, np.ndarray]]:
 # -- compiling ------------------------------------------------------------------------------------
 
 
-def compile_model(path: str, feeds: dict[str, np.ndarray], target: str = "llvm") -> Any:
+def compile_model(path: str, feeds: dict[str, np.ndarray], target: str = "llvm", tuning_db: Any = None) -> Any:
     """The model at ``path`` compiled as an InferenceSession compiles it (graph passes, then one kernel
-    per node group) for the shapes of ``feeds``; specialised on the values of inputs that decide a shape."""
+    per node group) for the shapes of ``feeds``; specialised on the values of inputs that decide a shape;
+    with ``tuning_db``, each kernel with a record replays its best schedule."""
     from cuvil.frontend.onnx import check_supported, compile_graph, import_model
     from cuvil.frontend.onnx_ops import NeedsValue
     from cuvil.graph.passes import optimize
@@ -136,7 +143,7 @@ def compile_model(path: str, feeds: dict[str, np.ndarray], target: str = "llvm")
     while True:
         shapes = {n: a.shape for n, a in feeds.items() if n not in known}
         try:
-            return graph, compile_graph(graph, shapes, known, target)
+            return graph, compile_graph(graph, shapes, known, target, tuning_db=tuning_db)
         except NeedsValue as nv:
             more = set(nv.inputs) - set(known)
             if not more:
@@ -197,7 +204,7 @@ def _compare(ours: dict[str, np.ndarray], ref: list[np.ndarray], names: list[str
 
 
 def bench_one(name: str, threads: list[int], cold: bool = True, rounds: int = 5, budget_s: float = 0.3,
-              profile_top: int = 0) -> ModelResult:
+              profile_top: int = 0, tuning_db: str | None = None) -> ModelResult:
     """Measure one model (see the module docstring)."""
     import cuvil
     from cuvil.bench import SETTLE_S, median_time
@@ -214,7 +221,8 @@ def bench_one(name: str, threads: list[int], cold: bool = True, rounds: int = 5,
             os.environ["CUVIL_CACHE_DIR"], saved = cache, os.environ.get("CUVIL_CACHE_DIR")
         t0 = time.perf_counter()
         try:
-            graph, prog = compile_model(path, feeds)
+            graph, prog = compile_model(path, feeds, tuning_db=tuning_db)
+            base = compile_model(path, feeds)[1] if tuning_db else None  # the untuned program beside it
         finally:
             if cold:
                 if saved is None:
@@ -234,14 +242,21 @@ def bench_one(name: str, threads: list[int], cold: bool = True, rounds: int = 5,
                 ok, err = _compare(prog.run(run_feeds), ref, names)
                 res.ok &= ok
                 res.max_err = max(res.max_err, err)
-                ours, theirs = [], []
-                for r in range(rounds):  # interleaved, each round starting with the other one
-                    pair = [lambda: prog.run(run_feeds), lambda s=ort_sess: s.run(names, feeds)]
-                    for k in ((0, 1) if r % 2 == 0 else (1, 0)):
+                runs = [lambda: prog.run(run_feeds), lambda s=ort_sess: s.run(names, feeds)]
+                if base is not None:
+                    ok, err = _compare(base.run(run_feeds), ref, names)
+                    res.ok &= ok
+                    res.max_err = max(res.max_err, err)
+                    runs.append(lambda: base.run(run_feeds))
+                times: list[list[float]] = [[] for _ in runs]
+                for r in range(rounds):  # interleaved, each round starting with the next one
+                    for k in [(r + j) % len(runs) for j in range(len(runs))]:
                         if t > 1:  # the other one's idle threads stop spinning first (see cuvil.bench.interleaved)
                             time.sleep(SETTLE_S)
-                        (ours if k == 0 else theirs).append(median_time(pair[k], repeat=3, budget_s=budget_s))
-                res.latency[t] = (float(np.median(ours)), float(np.median(theirs)))
+                        times[k].append(median_time(runs[k], repeat=3, budget_s=budget_s))
+                res.latency[t] = (float(np.median(times[0])), float(np.median(times[1])))
+                if base is not None:
+                    res.untuned[t] = float(np.median(times[2]))
                 if profile_top and not res.profile:
                     from cuvil.graph.profile import profile
 
@@ -262,8 +277,9 @@ def _fmt_s(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}s"
 
 
-def header(threads: list[int]) -> str:
-    cols = "".join(f"{f'{t}T cuvil':>11}{'ort':>9}{'ratio':>7}" for t in threads)
+def header(threads: list[int], tuned: bool = False) -> str:
+    cols = "".join(f"{f'{t}T cuvil':>11}{'ort':>9}{'ratio':>7}" + (f"{'untuned':>10}" if tuned else "")
+                   for t in threads)
     return (f"{'model':<20}{'nodes->calls(kernels)':>22}{'cold':>8}{'warm':>7}{'here':>7}"
             f"{'arena/sum MiB':>15}{cols}  check")
 
@@ -275,13 +291,16 @@ def row(r: ModelResult, threads: list[int]) -> str:
     for t in threads:
         ours, theirs = r.latency.get(t, (math.nan, math.nan))
         cols += f"{ours * 1e3:>9.2f}ms{theirs * 1e3:>7.2f}ms{theirs / ours:>7.2f}"
+        if t in r.untuned:
+            cols += f"{r.untuned[t] * 1e3:>8.2f}ms"
     shape = f"{r.nodes}->{r.calls}({r.kernels})"
     check = f"ok ({r.max_err:.1e})" if r.ok else f"MISMATCH ({r.max_err:.1e})"
     return (f"{r.name:<20}{shape:>22}{_fmt_s(r.compile_cold_s):>8}{_fmt_s(r.compile_warm_s):>7}"
             f"{_fmt_s(r.compile_here_s):>7}{_mib(r.arena_bytes) + '/' + _mib(r.total_bytes):>15}{cols}  {check}")
 
 
-def run(models: list[str], threads: list[int], cold: bool = True, rounds: int = 5, profile_top: int = 0) -> int:
+def run(models: list[str], threads: list[int], cold: bool = True, rounds: int = 5, profile_top: int = 0,
+        tuning_db: str | None = None) -> int:
     """Benchmark ``models`` (default: :func:`default_models`) and print one row each; 1 if any failed."""
     import cuvil
     from cuvil.errors import CuvilError
@@ -297,12 +316,14 @@ def run(models: list[str], threads: list[int], cold: bool = True, rounds: int = 
     print(f"cuvil {cuvil.__version__} on {tgt.triple} {tgt.cpu}, {os.cpu_count()} cores, load {load}, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; compile: cold and warm kernel cache "
           "(fresh processes), here (this process); latency: medians of interleaved rounds; ratio = ort / cuvil")
-    print(header(threads), flush=True)
+    if tuning_db:
+        print(f"cuvil: kernels replayed from the tuning database {tuning_db} (untuned: compiled without it)")
+    print(header(threads, bool(tuning_db)), flush=True)
     failed = False
     profiles = []
     for name in models:
         try:
-            r = bench_one(name, threads, cold=cold, rounds=rounds, profile_top=profile_top)
+            r = bench_one(name, threads, cold=cold, rounds=rounds, profile_top=profile_top, tuning_db=tuning_db)
         except (CuvilError, OSError, ValueError) as exc:
             r = ModelResult(name, error=f"{type(exc).__name__}: {exc}")
         failed |= bool(r.error) or not r.ok

@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     p_bench.add_argument("--rounds", type=int, default=5, help="models: interleaved timing rounds")
     p_bench.add_argument("--profile", type=int, default=0, metavar="N", help="models: also print the N slowest "
                          "kernel calls of each (at the first thread count)")
+    p_bench.add_argument("--tuning-db", default=None, metavar="DB", help="models: compile with the best schedules "
+                         "in this tuning database (cuvil tune) and time the untuned compilation beside it")
     p_bench.add_argument("--quick", action="store_true", help="--ops: skip the largest shapes")
     p_bench.add_argument("--only", default=None, help="--ops: only the rows whose name contains this text")
     from cuvil import cli_onnx
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
         models = list(args.models) + [m for m in (args.model_list or "").split(",") if m]
         return bench_model.run(models, threads, cold=not args.no_cold, rounds=args.rounds,
-                               profile_top=args.profile)
+                               profile_top=args.profile, tuning_db=args.tuning_db)
     parser.print_help()
     return 0
 

@@ -76,6 +76,19 @@ def test_bench_a_model_beside_onnxruntime(model_path, capsys):
     assert re.search(r"\d+\.\d+ms +\d+\.\d+ms +\d+\.\d+ +ok", row), row
 
 
+def test_bench_with_a_tuning_database_times_the_untuned_compilation_beside_it(model_path, tmp_path, capsys):
+    from cuvil.autotune import Database
+
+    db = tmp_path / "t.db"
+    Database(str(db)).close()  # no records: both compilations are the untuned one, and both must agree with ort
+    assert main(["bench", str(model_path), "--threads", "1", "--rounds", "1", "--no-cold", "--tuning-db",
+                 str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "tuning database" in out and "untuned" in out
+    row = next(line for line in out.splitlines() if line.startswith("m "))
+    assert re.search(r"\d+\.\d+ms +\d+\.\d+ms +\d+\.\d+ +\d+\.\d+ms +ok", row), row
+
+
 def test_bench_reports_an_unknown_model(capsys):
     assert main(["bench", "no_such_model", "--threads", "1", "--no-cold"]) == 1
     assert "no_such_model" in capsys.readouterr().out
