@@ -410,7 +410,7 @@ def test_allocate_stack_and_heap(where, shape):
     func = scratch_func(shape)
     text = codegen_llvm(func, "llvm")
     assert ("alloca float, i64 64" in text) == (where == "stack")
-    assert ("@\"malloc\"" in text and "@\"free\"" in text) == (where == "heap")
+    assert ("@\"aligned_alloc\"(i64 64" in text and "@\"free\"" in text) == (where == "heap")  # cache-line aligned
     a = np.arange(50, dtype=np.float32)
     out = np.zeros_like(a)
     Module(func, "llvm")(a, out)

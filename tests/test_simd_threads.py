@@ -368,7 +368,7 @@ def restore_threads():
 def test_parallel_equals_serial_for_thread_counts_and_extents(restore_threads):
     par, ser = Module(parallel_rows(), "llvm"), Module(parallel_rows("serial"), "llvm")
     text = par.get_source("llvm-unopt")
-    assert "GOMP_parallel" in text and '@"malloc"' in text
+    assert "GOMP_parallel" in text and '@"aligned_alloc"' in text
     for nt in (1, 2, 3):
         threads.set_num_threads(nt)
         assert threads.get_num_threads() == nt
@@ -430,7 +430,7 @@ def test_stack_buffers_in_parallel_bodies_are_small():
                                 Store(x, (i,), Load("float32", big, (c64(3),)) + Cast("float32", i)))))
     func = LoweredFunc("k", (x,), For(i, ZERO, n, body, "parallel"), (n,), (x,))
     text = codegen_llvm(func, "llvm")
-    assert '@"malloc"' in text  # 16 KiB + 4 bytes: heap inside a parallel loop (stack elsewhere)
+    assert '@"aligned_alloc"' in text  # 16 KiB + 4 bytes: heap inside a parallel loop (stack elsewhere)
     out = np.zeros(50, np.float32)
     Module(func, "llvm")(out)
     np.testing.assert_array_equal(out, np.arange(50) + 3)

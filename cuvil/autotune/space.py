@@ -239,15 +239,22 @@ class Space:
         ]
 
     def prior(self, cfg: Config) -> float:
-        """A score before any measurement (higher = expected faster): the contraction stages' priors (the
-        last feature), weighted by their work."""
-        x = self.features(cfg)
-        total, pos = 0.0, 0
+        """A score before any measurement (higher = expected faster), in the units of the search's scores
+        (the log of a speed-up): the contraction stages' priors (the last feature), averaged with their
+        work's log as weights."""
+        return self.prior_of(self.features(cfg))
+
+    def prior_of(self, x: np.ndarray) -> float:
+        """:meth:`prior` from the configuration's features."""
+        total = weights = 0.0
+        pos = 0
         for st, kn in self.knobs.items():
             if "candidate" in kn:
-                total += float(x[pos + _N_CONTRACTION - 1]) * math.log2(self.facts[st]["work"] + 1)
+                w = math.log2(self.facts[st]["work"] + 1)
+                total += float(x[pos + _N_CONTRACTION - 1]) * w
+                weights += w
             pos += (_N_CONTRACTION if "candidate" in kn else 3) + sum(name not in _DESCRIBED for name in kn)
-        return total
+        return total / weights if weights else 0.0
 
 
 _DESCRIBED = {"candidate", "mr", "nr", "pack", "panels_outer", "parallel", "lanes", "ku"}

@@ -262,13 +262,18 @@ def _time(mod: Any, arrays: list[Any], trial: int, call_fn: Callable[..., Any], 
     """Median seconds per call, and the median ratio to the reference (the untuned schedule) timed in turns.
 
     After the checked call (the warm-up), ``repeat`` rounds: each round flushes the caches (writes a buffer
-    larger than the last-level cache) and times ``number`` calls of the reference, then flushes and times the
-    candidate (every other round the candidate first).  The ratio of each round compares the two under the
+    larger than the last-level cache), calls the reference once and times ``number`` more calls of it, then
+    does the same for the candidate (every other round the candidate first): the steady state of a kernel
+    called in a loop, as the final round (:func:`_final_round`) and the user's process see it.  (Timed
+    straight after the flush, a run's first call is cold: the A^T B^T 512^3 matmul's candidates, 3 MiB
+    of operands, ranked by cold calls measured 1.35x the untuned schedule in-run and 1.04x in the final
+    round, and the search chased them.)  The ratio of each round compares the two under the
     same load, which on a shared machine changes faster than a batch; a candidate far slower than the best so
     far gets two rounds, one that looks close to it or better twice ``repeat``."""
 
     def run(m: Any, a: list[Any], t: int, n: int) -> float:
-        return _timed(call_fn, flush, m, a, t, n)
+        _timed(call_fn, flush, m, a, t, 1)  # from a flushed cache, then warm: as the final round times it
+        return _timed(call_fn, None, m, a, t, n)
 
     first = _timed(call_fn, None, mod, arrays, trial, 1)  # warm: the checked call came just before
     ref_first = _timed(call_fn, None, ref[0], ref[1], -1, 1) if ref is not None else None

@@ -274,7 +274,12 @@ class _FuncEmitter(VectorLoops, ParallelLoops, ExprEmitter):
             sized, ok = b.append_basic_block(f"{buf.name}.sized"), b.append_basic_block(f"{buf.name}.ok")
             b.cbranch(bad, self.fail_bb, sized)
             b.position_at_end(sized)
-            ptr = heap = b.call(self.libc("malloc", PTR, [I64]), [nbytes], name=buf.name)
+            # 64-byte aligned (a cache line, one AVX-512 vector) like the stack buffers: malloc's 16 bytes put a
+            # packed panel's rows across cache lines in some processes and not others, so one schedule's
+            # builds timed 10-30% apart depending on what the process had allocated before
+            nbytes = b.and_(b.add(nbytes, ir.Constant(I64, 63)), ir.Constant(I64, -64))
+            ptr = heap = b.call(self.libc("aligned_alloc", PTR, [I64, I64]), [ir.Constant(I64, 64), nbytes],
+                                name=buf.name)
             b.cbranch(b.icmp_unsigned("==", ptr, ir.Constant(PTR, None)), self.fail_bb, ok)
             b.position_at_end(ok)
         self.buffers[buf] = (ptr, dims)

@@ -127,7 +127,7 @@ def model_header(meta: dict[str, Any], lib_name: str) -> str:
                 f"{math.prod(t['shape'])} elements, {t['type']}" for i, t in enumerate(ts)]
 
     gomp = meta["threads"] == "libgomp"
-    libc = {"malloc", "free", "memcpy", "memset", "memmove", "abort"}
+    libc = {"malloc", "aligned_alloc", "free", "memcpy", "memset", "memmove", "abort"}
     libm = [f for f in meta["imports"] if f not in libc and not f.startswith(("GOMP_", "omp_"))]
     libs = ", ".join(["libc"] + (["libm"] if libm else []) +
                      (["libgomp (GCC's OpenMP runtime, libgomp.so.1)"] if gomp else []))
