@@ -16,7 +16,8 @@ after half the trials is at least as fast as random search's best after all of t
 the untuned schedule measured during the runs).  Then the guided run is repeated with the same budget (it must
 measure nothing), and the kernel ``cuvil.build(..., tuning_db=db)`` gives (the final round's winner) is timed
 here in interleaved rounds beside the untuned schedule and numpy (pinned to the same thread count), so those
-columns share one machine state; guided's best after half the trials and random's after all of them are timed
+columns share one machine state (CPU time of the calling thread at one thread: another process's time
+slices do not count); guided's best after half the trials and random's after all of them are timed
 in the same rounds (the search claim without the in-run noise).
 
 The verdict on the search is the re-timed one: the in-run figures of the best of 32 or 64 noisy
@@ -93,7 +94,7 @@ def main() -> int:
     import cuvil
     from cuvil import te
     from cuvil.autotune import Database, tune
-    from cuvil.bench import median_time
+    from cuvil.bench import median_time as wall_median
     from cuvil.schedule.auto import auto_schedule
 
     try:
@@ -101,6 +102,21 @@ def main() -> int:
     except ImportError:
         threadpool_limits = None
     n, half = opts.n, opts.trials // 2
+
+    def median_time(fn, repeat: int, budget_s: float) -> float:
+        """Median seconds per call: CPU time of this thread at one thread (numpy is pinned to it too), which
+        other processes' time slices do not inflate; wall time with more threads (the workers' time counts)."""
+        if opts.threads > 1:
+            return wall_median(fn, repeat, budget_s)
+        fn()
+        ts: list[float] = []
+        start = time.thread_time()
+        while len(ts) < repeat or (time.thread_time() - start < budget_s and len(ts) < 1000):
+            t0 = time.thread_time()
+            fn()
+            ts.append(time.thread_time() - t0)
+        return float(np.median(ts))
+
     flops = 2.0 * n ** 3
     args = program(n, opts.layout)
     what = f"matmul {n}^3" if opts.layout == "nn" else f"matmul A^T B^T {n}^3"
