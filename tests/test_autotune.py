@@ -473,3 +473,30 @@ def test_workload_key_carries_the_knob_space_version(tmp_path, caplog, monkeypat
     c = np.empty((24, 40), "float32")
     f(a, b, c)
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-5)
+
+
+def test_contenders_are_measured_twice_and_averaged() -> None:
+    """A candidate that looks as fast as the best so far is timed again after its batch; the record keeps the
+    geometric mean (a lucky first measurement is halved in log terms), and a failure the second time counts."""
+    from cuvil.autotune.api import _confirm
+    from cuvil.autotune.measure import BuildResult, RunResult
+
+    builds = [BuildResult(k, {"C": {"mr": k}}, "ok", f"c{k}.so") for k in range(4)]
+    first = [RunResult("ok", 1.0, "", 1.0), RunResult("ok", 0.5, "", 1.0), RunResult("ok", 2.0, "", 1.0),
+             RunResult("run_crash", None, "boom")]
+    calls = []
+
+    class Second:
+        def run(self, bs, best_rel=None):
+            calls.append([b.trial for b in bs])
+            return [RunResult("ok", 0.98, "", 1.0) if b.trial == 1 else RunResult("wrong", None, "bad") for b in bs]
+
+    out = _confirm(Second(), builds, first, best_rel=0.9)
+    assert calls == [[1]]  # only the contender (0.5 <= 0.9 * 1.03 and the batch's best); 1.0 and 2.0 are not
+    assert out[1].status == "ok" and abs(out[1].time_s / out[1].ref_time_s - (0.5 * 0.98) ** 0.5) < 1e-12
+    assert out[0] is first[0] and out[2] is first[2] and out[3] is first[3]
+    calls.clear()
+    out = _confirm(Second(), builds, first, best_rel=None)  # first batch: within 3% of the batch's best
+    assert calls == [[1]]
+    out = _confirm(Second(), builds, [RunResult("ok", 1.0, "", 1.0)] * 2, best_rel=1.2)
+    assert calls[-1] == [0, 1] and out[0].status == "wrong" and out[1].status == "ok"  # failing twice-measured: failed
