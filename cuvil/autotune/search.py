@@ -131,13 +131,15 @@ class EvolutionarySearch(Search):
             pool += [self.space.mutate(c, self.rng) for c in self._best_measured(4) for _ in range(8)]
             ranked = sorted(pool, key=self.space.prior, reverse=True)
             out: list[Config] = []
-            looks: set[float] = set()  # one configuration per prior value (the prior ignores some knobs)
+            # one configuration per tile shape not measured yet: the shapes differ most; ku, packing and loop
+            # order refine a shape later (variants of the untuned 6x64 tile filled half the first batch)
+            shapes = {self.space.shape_key(c) for c, _ in self.history}
             for c in ranked:
                 if len(out) >= n - n_explore:
                     break
-                look = round(self.space.prior(c), 9)
-                if look not in looks and self._fresh(c, taken):
-                    looks.add(look)
+                key = self.space.shape_key(c)
+                if key not in shapes and self._fresh(c, taken):
+                    shapes.add(key)
                     out.append(c)
             return out + self._random(n - len(out), taken)
         pool: dict[str, Config] = {}
@@ -163,10 +165,15 @@ class EvolutionarySearch(Search):
         out = self._local(int(round(n * 0.5 * late)), taken)
         cands = [c for h, c in pool.items() if h not in self.seen]
         order = np.argsort(-self._score(cands))
-        for k in order:
+        per_shape: dict[tuple, int] = {}
+        for c in out:
+            per_shape[self.space.shape_key(c)] = per_shape.get(self.space.shape_key(c), 0) + 1
+        for k in order:  # the model's best, at most two per tile shape in a batch (its variants are close)
             if len(out) >= n - n_explore:
                 break
-            if self._fresh(cands[k], taken):
+            key = self.space.shape_key(cands[k])
+            if per_shape.get(key, 0) < 2 and self._fresh(cands[k], taken):
+                per_shape[key] = per_shape.get(key, 0) + 1
                 out.append(cands[k])
         return out + self._explore(n - len(out), taken)
 

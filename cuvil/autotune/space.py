@@ -109,6 +109,17 @@ class Space:
                 k["ku"] = min(v for v in kn["ku"] if _unrolled_steps(v, inner) == steps)
         return out
 
+    def shape_key(self, cfg: Config) -> tuple:
+        """What a configuration's loops look like in the large: each contraction stage's candidate pair and
+        register tile (``mr`` x ``nr``), every knob of the other stages; ``ku``, packing and the panel order
+        refine a shape."""
+        out = []
+        for st, kn in self.knobs.items():
+            k = cfg.get(st, {})
+            names = ("candidate", "mr", "nr") if "candidate" in kn else tuple(sorted(kn))
+            out.append((st, *(k.get(name) for name in names)))
+        return tuple(out)
+
     def sample(self, rng: random.Random) -> Config:
         return self.canonical({st: {k: rng.choice(vals) for k, vals in kn.items()} for st, kn in self.knobs.items()})
 
