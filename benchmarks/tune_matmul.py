@@ -32,7 +32,9 @@ redone.  Timings on a shared 2-core machine are noisy: the load average is print
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -71,6 +73,73 @@ def best_of(records: list, first: int) -> object:
     return min(ok, key=lambda r: r.relative) if ok else None
 
 
+def final_use_in_child(job: dict) -> dict[str, list[float]]:
+    """:func:`final_use` in a fresh Python process."""
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(job)],
+                          capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("CHILD "):
+            return json.loads(line[len("CHILD "):])
+    raise RuntimeError(f"the timing process failed: {proc.stderr.strip()[-2000:]}")
+
+
+def final_use(job: dict) -> dict[str, list[float]]:
+    """Seconds per call in each of ``job["rounds"]`` interleaved rounds (rotating order) of: the kernel
+    ``cuvil.build(..., tuning_db=)`` gives ("tuned"), the untuned schedule, each configuration of
+    ``job["configs"]`` and numpy (pinned to the same thread count), every output checked; CPU time of this
+    thread at one thread (another process's time slices do not count), wall time with more."""
+    import cuvil
+    from cuvil import te
+    from cuvil.bench import median_time as wall_median
+    from cuvil.schedule.auto import auto_schedule
+
+    try:
+        from threadpoolctl import threadpool_limits  # type: ignore[import-not-found]
+    except ImportError:
+        threadpool_limits = None
+    n, threads = job["n"], job["threads"]
+
+    def median_time(fn: object, repeat: int, budget_s: float) -> float:
+        if threads > 1:
+            return wall_median(fn, repeat, budget_s)
+        fn()
+        ts: list[float] = []
+        start = time.thread_time()
+        while len(ts) < repeat or (time.thread_time() - start < budget_s and len(ts) < 1000):
+            t0 = time.thread_time()
+            fn()
+            ts.append(time.thread_time() - t0)
+        return float(np.median(ts))
+
+    args = program(n, job["layout"])
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+    c, c_np = np.empty((n, n), np.float32), np.empty((n, n), np.float32)
+    at, bt = (a.T, b.T) if job["layout"] == "tt" else (a, b)  # what numpy multiplies (views: BLAS transposes)
+    ref = at.astype(np.float64) @ bt.astype(np.float64)
+    cuvil.set_num_threads(threads)
+    mods = {"tuned": cuvil.build(te.create_schedule(args[2]), args, tuning_db=job["db"]),
+            "untuned": cuvil.build(auto_schedule(args), args)}
+    mods.update({name: cuvil.build(auto_schedule(args, knobs=cfg), args) for name, cfg in job["configs"].items()})
+    times: dict[str, list[float]] = {name: [] for name in [*mods, "numpy"]}
+    limit = threadpool_limits(threads) if threadpool_limits else None
+    try:
+        for r in range(job["rounds"]):
+            names = [*mods, "numpy"]
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                if name == "numpy":  # into a given output, as the kernels write theirs
+                    times[name].append(median_time(lambda: np.matmul(at, bt, out=c_np), 3, budget_s=0.1))
+                    continue
+                m = mods[name]
+                m(a, b, c)
+                assert np.max(np.abs(c - ref)) / np.max(np.abs(ref)) < 1e-4, name
+                times[name].append(median_time(lambda m=m: m(a, b, c), 3, budget_s=0.1))
+    finally:
+        if limit is not None and hasattr(limit, "unregister"):
+            limit.unregister()
+    return times
+
+
 def load() -> str:
     return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -84,50 +153,27 @@ def main() -> int:
     ap.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed ... first-seed + seeds - 1")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds of the final timing")
+    ap.add_argument("--processes", type=int, default=3, help="fresh processes the final timing runs in")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal: one final timing, as JSON
     ap.add_argument("--dir", default=None, help="where the database files go (default: a new temporary "
                     "folder); given an earlier run's folder, nothing is tuned again and only the timing is redone")
     opts = ap.parse_args()
+    if opts.child:
+        print("CHILD " + json.dumps(final_use(json.loads(opts.child))))
+        return 0
     for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
         if var in os.environ:
             print(f"note: {var} is set; numpy's figure is fair only under env -u {var}")
 
-    import cuvil
-    from cuvil import te
     from cuvil.autotune import Database, tune
-    from cuvil.bench import median_time as wall_median
-    from cuvil.schedule.auto import auto_schedule
 
-    try:
-        from threadpoolctl import threadpool_limits  # type: ignore[import-not-found]
-    except ImportError:
-        threadpool_limits = None
     n, half = opts.n, opts.trials // 2
-
-    def median_time(fn, repeat: int, budget_s: float) -> float:
-        """Median seconds per call: CPU time of this thread at one thread (numpy is pinned to it too), which
-        other processes' time slices do not inflate; wall time with more threads (the workers' time counts)."""
-        if opts.threads > 1:
-            return wall_median(fn, repeat, budget_s)
-        fn()
-        ts: list[float] = []
-        start = time.thread_time()
-        while len(ts) < repeat or (time.thread_time() - start < budget_s and len(ts) < 1000):
-            t0 = time.thread_time()
-            fn()
-            ts.append(time.thread_time() - t0)
-        return float(np.median(ts))
-
     flops = 2.0 * n ** 3
     args = program(n, opts.layout)
     what = f"matmul {n}^3" if opts.layout == "nn" else f"matmul A^T B^T {n}^3"
     tmp = opts.dir or tempfile.mkdtemp(prefix="cuvil-tune-bench-")
     os.makedirs(tmp, exist_ok=True)
     print(f"{what}, {opts.trials} trials per run, {opts.threads} thread(s); db files in {tmp}")
-    rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
-    c, c_np = np.empty((n, n), np.float32), np.empty((n, n), np.float32)
-    at, bt = (a.T, b.T) if opts.layout == "tt" else (a, b)  # what numpy multiplies (views: BLAS transposes)
-    ref = at.astype(np.float64) @ bt.astype(np.float64)
     claim_ok = rerun_ok = retimed = True
     verdicts = []
     table = []
@@ -159,38 +205,27 @@ def main() -> int:
               f"({g_res.speedup:.2f}x); random's winner {r_res.speedup:.2f}x\n"
               f"  rerun with the same budget: {again.measured} measured in {rerun_s:.2f} s", flush=True)
 
-        # the final use: build(tuning_db=) replays the winner; timed in turns with the untuned schedule and numpy
-        cuvil.set_num_threads(opts.threads)
-        # (and the search claim re-timed: guided's best after half the trials against random's after all)
-        mods = {"tuned": cuvil.build(te.create_schedule(args[2]), args, tuning_db=dbs["evolutionary"]),
-                "untuned": cuvil.build(auto_schedule(args), args),
-                f"guided@{half}": cuvil.build(auto_schedule(args, knobs=g_half.config), args),
-                f"random@{opts.trials}": cuvil.build(auto_schedule(args, knobs=r_full.config), args)}
-        times: dict[str, list[float]] = {name: [] for name in [*mods, "numpy"]}
-        limit = threadpool_limits(opts.threads) if threadpool_limits else None
-        try:
-            for r in range(opts.rounds):
-                names = [*mods, "numpy"]
-                for name in names[r % len(names):] + names[: r % len(names)]:
-                    if name == "numpy":  # into a given output, as the kernels write theirs
-                        times[name].append(median_time(lambda: np.matmul(at, bt, out=c_np), 3, budget_s=0.1))
-                        continue
-                    m = mods[name]
-                    m(a, b, c)
-                    assert np.max(np.abs(c - ref)) / np.max(np.abs(ref)) < 1e-4, name
-                    times[name].append(median_time(lambda m=m: m(a, b, c), 3, budget_s=0.1))
-        finally:
-            if limit is not None and hasattr(limit, "unregister"):
-                limit.unregister()
-        med = {name: float(np.median(ts)) for name, ts in times.items()}
-        g_t, r_t = times[f"guided@{half}"], times[f"random@{opts.trials}"]
+        # the final use: build(tuning_db=) replays the winner, timed in turns with the untuned schedule and numpy,
+        # and the search claim re-timed (guided's best after half the trials against random's after all), each in
+        # --processes fresh processes: where a kernel's buffers land relative to the operands (4K aliasing) is
+        # a lottery per process that moved one schedule's time by up to 15%; a real difference shows in each
+        job = {"n": n, "layout": opts.layout, "threads": opts.threads, "rounds": opts.rounds,
+               "db": dbs["evolutionary"], "configs": {f"guided@{half}": g_half.config,
+                                                     f"random@{opts.trials}": r_full.config}}
+        runs = [final_use_in_child(job) for _ in range(opts.processes)]
+        med = {name: float(np.median([float(np.median(r[name])) for r in runs])) for name in runs[0]}
         same = g_half.trace == r_full.trace  # one schedule (two configurations can give the same loops)
-        random_wins = sum(r < g for g, r in zip(g_t, r_t))
-        lost = not same and sign_test_faster(random_wins, len(g_t))
+        per_process = []
+        for r in runs:
+            g_t, r_t = r[f"guided@{half}"], r[f"random@{opts.trials}"]
+            wins = sum(x < y for y, x in zip(g_t, r_t))
+            per_process.append((wins, len(g_t), float(np.median(np.array(g_t) / np.array(r_t))),
+                                not same and sign_test_faster(wins, len(g_t))))
+        lost = sum(p[3] for p in per_process) * 2 > len(per_process)
         retimed &= not lost
-        verdicts.append((seed, same, random_wins, len(g_t), float(np.median(np.array(g_t) / np.array(r_t))), lost))
+        verdicts.append((seed, same, per_process, lost))
         table.append((seed, med, g_wall, load()))
-        print(f"  final use, median of {opts.rounds} interleaved rounds ({load()}): "
+        print(f"  final use, medians of {opts.rounds} interleaved rounds in {opts.processes} processes ({load()}): "
               + ", ".join(f"{name} {t * 1e3:.2f} ms ({flops / t / 1e9:.1f} GFLOP/s, {med['numpy'] / t:.2f}x numpy)"
                           for name, t in med.items()), flush=True)
 
@@ -203,12 +238,15 @@ def main() -> int:
               f"{med[f'random@{opts.trials}'] * 1e3:.2f} ms, {wall:.0f} s ({ld})")
     print(f"guided best after {half} trials >= random best after {opts.trials} on every seed: {claim_ok} "
           "(speed-ups measured during the runs)")
-    for seed, same, wins, rounds, ratio, lost in verdicts:
-        print(f"seed {seed}: re-timed guided@{half} / random@{opts.trials} = {ratio:.3f} (median of per-round "
-              f"ratios), random's pick faster in {wins} of {rounds} rounds"
+    for seed, same, per_process, lost in verdicts:
+        print(f"seed {seed}: re-timed guided@{half} / random@{opts.trials} (median of per-round ratios; random's pick "
+              "faster in how many rounds) per process: "
+              + ", ".join(f"{ratio:.3f} ({wins}/{rounds}{', random faster' if faster else ''})"
+                          for wins, rounds, ratio, faster in per_process)
               + (" (the same schedule)" if same else "") + (": random is faster" if lost else ""))
-    print(f"re-timed in interleaved rounds, guided's best after {half} is at least as fast as random's after "
-          f"{opts.trials} on every seed (not slower beyond chance, sign test at 5%): {retimed}")
+    print(f"re-timed in {opts.processes} processes of interleaved rounds, guided's best after {half} is at least as "
+          f"fast as random's after {opts.trials} on every seed (random's pick not faster beyond chance, a sign test "
+          f"at 5%, in most processes): {retimed}")
     print(f"a rerun with the same budget measured nothing on every seed: {rerun_ok}")
     return 0 if retimed and rerun_ok else 1
 
