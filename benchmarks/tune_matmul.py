@@ -93,7 +93,7 @@ def final_use(job: dict) -> dict[str, list[float]]:
     wall time with more."""
     import cuvil
     from cuvil import te
-    from cuvil.bench import median_time as wall_median
+    from cuvil.bench import median_time as bench_median
     from cuvil.schedule.auto import auto_schedule
 
     try:
@@ -102,17 +102,10 @@ def final_use(job: dict) -> dict[str, list[float]]:
         threadpool_limits = None
     n, threads = job["n"], job["threads"]
 
+    clock = time.thread_time if threads == 1 else time.perf_counter  # numpy is pinned to one thread too
+
     def median_time(fn: object, repeat: int, budget_s: float) -> float:
-        if threads > 1:
-            return wall_median(fn, repeat, budget_s)
-        fn()
-        ts: list[float] = []
-        start = time.thread_time()
-        while len(ts) < repeat or (time.thread_time() - start < budget_s and len(ts) < 1000):
-            t0 = time.thread_time()
-            fn()
-            ts.append(time.thread_time() - t0)
-        return float(np.median(ts))
+        return bench_median(fn, repeat, budget_s, clock=clock)
 
     args = program(n, job["layout"])
     rng = np.random.default_rng(0)
