@@ -11,7 +11,8 @@
   first after 24 trials of an A^T B^T matmul: six trials at 0.3-0.7x); a quarter of each batch (at least one)
   is random, so the model also learns where it is wrong (random, but not where the model
   expects a failure: builds that time out cost a whole batch's wait).  Before the model has four correct
-  measurements, candidates are ranked by the space's prior score (:meth:`Space.prior`).
+  measurements, candidates are ranked by the space's prior score (:meth:`Space.prior`), one per register-tile
+  shape (:meth:`Space.shape_key`) not measured yet; later batches take at most two per shape.
   As the budget (``budget``: the trials the tuner will spend) runs out, the search exploits
   more: fewer random candidates, and a growing share of each batch (up to half) goes to the
   best-ranked neighbours (one knob away) of the three fastest configurations measured, where
