@@ -28,7 +28,8 @@ the untuned schedule) are printed too but do not decide: the best of 64 noisy me
 more than the best of 32, and where the untuned schedule is the best point (1024^3) each search's in-run best
 is whichever near-equal configuration the noise favoured, which its final round then rejects.  ``--dir``
 keeps the database files; given the folder of an earlier run, nothing is tuned again and only the timing is
-redone.  Timings on a shared 2-core machine are noisy: the load average is printed with each seed.
+redone (guided's "answer after half the trials" is then its database's best after all of them).  Timings
+on a shared 2-core machine are noisy: the load average is printed with each seed.
 """
 
 from __future__ import annotations
@@ -222,7 +223,7 @@ def main() -> int:
               f"  rerun with the same budget: {again.measured} measured in {rerun_s:.2f} s", flush=True)
 
         # the final use: build(tuning_db=) replays the winner, timed in turns with the untuned schedule and numpy,
-        # and the search claim re-timed (guided's best after half the trials against random's after all), each in
+        # and the search claim re-timed (guided's answer after half the trials against random's after all), each in
         # --processes fresh processes: where a kernel's buffers land relative to the operands (4K aliasing) is
         # a lottery per process that moved one schedule's time by up to 15%; a real difference shows in each
         job = {"n": n, "layout": opts.layout, "threads": opts.threads, "rounds": opts.rounds,
