@@ -239,14 +239,12 @@ def bench_one(name: str, threads: list[int], cold: bool = True, rounds: int = 5,
             cuvil.set_num_threads(t)
             try:
                 ref = ort_sess.run(names, feeds)
-                ok, err = _compare(prog.run(run_feeds), ref, names)
-                res.ok &= ok
-                res.max_err = max(res.max_err, err)
-                runs = [lambda: prog.run(run_feeds), lambda s=ort_sess: s.run(names, feeds)]
-                if base is not None:
-                    ok, err = _compare(base.run(run_feeds), ref, names)
+                for p in [prog] + ([base] if base is not None else []):  # the untuned one is checked too
+                    ok, err = _compare(p.run(run_feeds), ref, names)
                     res.ok &= ok
                     res.max_err = max(res.max_err, err)
+                runs = [lambda: prog.run(run_feeds), lambda s=ort_sess: s.run(names, feeds)]
+                if base is not None:
                     runs.append(lambda: base.run(run_feeds))
                 times: list[list[float]] = [[] for _ in runs]
                 for r in range(rounds):  # interleaved, each round starting with the next one

@@ -71,7 +71,6 @@ class Space:
                 facts.update(lanes=sch.lanes(op.dtype), regs=32 if sch.bits >= 512 else 16, reduce=red,
                              red_inner=const_int(op.reduce_axis[-1].extent) or 0,  # the loop "ku" unrolls
                              cands=[{"i": const_int(c.i.extent) or 1024, "j": const_int(c.j.extent) or 1024,
-                                     "packable": c.pack_dim is not None or sch._packable(c, 16) is not None,
                                      "must_pack": c.pack_dim is not None,
                                      # whether auto_schedule packs with each nr when the "pack" knob asks
                                      "packs": {nr: c.panel is None and sch._packable(c, nr, op) is not None
@@ -150,8 +149,10 @@ class Space:
 
     def neighbours(self, cfg: Config) -> list[Config]:
         """Every configuration one knob away from ``cfg``: a tile size (an ordered int knob) moved one or two
-        places along its values, any other knob set to each of its other values."""
+        places along its values, any other knob set to each of its other values (as canonical points: each
+        once, ``cfg`` itself left out)."""
         out = []
+        seen = {config_hash(cfg)}
         for st, kn in self.knobs.items():
             for k, vals in kn.items():
                 cur = cfg.get(st, {}).get(k, vals[0])
@@ -165,7 +166,8 @@ class Space:
                     c.setdefault(st, {})[k] = v
                     c = self.canonical(c)
                     h = config_hash(c)
-                    if h != config_hash(cfg) and h not in {config_hash(o) for o in out}:
+                    if h not in seen:
+                        seen.add(h)
                         out.append(c)
         return out
 
@@ -208,7 +210,7 @@ class Space:
     def _contraction_features(self, f: dict[str, Any], k: dict[str, Any]) -> list[float]:
         cands = f["cands"]
         ci = int(k.get("candidate", 0)) % max(1, len(cands))
-        c = cands[ci] if cands else {"i": 1, "j": 1, "packable": False, "must_pack": False}
+        c = cands[ci] if cands else {"i": 1, "j": 1, "must_pack": False}
         v, regs = f["lanes"], f["regs"]
         mr, nr = int(k["mr"]), int(k["nr"])
         nv = -(-nr // v)
