@@ -38,7 +38,7 @@ def _feeds(name: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 def _unfused(sess: object, feeds: dict[str, np.ndarray], threads: int) -> object:
     """The session's graph compiled with one kernel per node: a function running it on ``feeds``."""
-    from cuvil.frontend.onnx import compile_graph
+    from cuvil.graph.compile import compile_graph
 
     known = {k: feeds[k] for k in sess._specialised}
     shapes = {k: v.shape for k, v in feeds.items() if k not in known}

@@ -17,6 +17,8 @@ from cuvil.errors import (
     ArgumentError,
     CuvilError,
     DTypeError,
+    IslBudgetError,
+    ModelError,
     ScheduleError,
     ShapeError,
     TargetError,
@@ -54,7 +56,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "ArgumentError", "CuvilError", "DTypeError", "ScheduleError", "ShapeError", "TargetError",
-    "UnsupportedOpError", "Target", "__version__", "auto_schedule", "autotune", "build", "compile",
+    "ArgumentError", "CuvilError", "DTypeError", "IslBudgetError", "ModelError", "ScheduleError", "ShapeError",
+    "TargetError", "UnsupportedOpError", "Target", "__version__", "auto_schedule", "autotune", "build", "compile",
     "get_num_threads", "lower", "runtime", "set_num_threads", "te",
 ]

@@ -132,13 +132,11 @@ def compile_model(path: str, feeds: dict[str, np.ndarray], target: str = "llvm",
     """The model at ``path`` compiled as an InferenceSession compiles it (graph passes, then one kernel
     per node group) for the shapes of ``feeds``; specialised on the values of inputs that decide a shape;
     with ``tuning_db``, each kernel with a record replays its best schedule."""
-    from cuvil.frontend.onnx import check_supported, compile_graph, import_model
-    from cuvil.frontend.onnx_ops import NeedsValue
-    from cuvil.graph.passes import optimize
+    from cuvil.frontend.onnx import import_model
+    from cuvil.graph.compile import compile_graph, prepare
+    from cuvil.graph.ops.base import NeedsValue
 
-    graph = import_model(path)
-    check_supported(graph)
-    graph = optimize(graph)
+    graph = prepare(import_model(path))
     known: dict[str, np.ndarray] = {}
     while True:
         shapes = {n: a.shape for n, a in feeds.items() if n not in known}

@@ -63,8 +63,9 @@ class _Progress:
 
 
 def compile_cmd(args: argparse.Namespace) -> int:
-    from cuvil.frontend.onnx import check_supported, compile_graph, import_model
-    from cuvil.graph.passes import graph_str, optimize
+    from cuvil.frontend.onnx import import_model
+    from cuvil.graph.compile import check_supported, compile_graph, prepare
+    from cuvil.graph.passes import graph_str
 
     path = args.model or default_model()
     print(f"compiling {path}")
@@ -83,7 +84,7 @@ def compile_cmd(args: argparse.Namespace) -> int:
             print(f"== after {name}" + (" (unchanged)" if text == last[0] else f"\n{text}"))
             last[0] = text
 
-    graph = optimize(graph, dump=dump)
+    graph = prepare(graph, dump=dump)
     if args.dump:
         from cuvil.graph.fuse import fusion_groups, groups_str
 

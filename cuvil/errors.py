@@ -28,6 +28,14 @@ class TargetError(CuvilError):
     """An unknown or unsupported target string, or a toolchain problem."""
 
 
+class IslBudgetError(CuvilError):
+    """isl ran out of its operation bound on a program (too large or too irregular to model exactly)."""
+
+
+class ModelError(CuvilError, ValueError):
+    """An invalid model: a dangling input, a failed shape inference, a malformed attribute."""
+
+
 class UnsupportedOpError(CuvilError):
     """An operation cuvil cannot compile (yet)."""
 

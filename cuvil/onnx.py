@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.errors import ArgumentError, DTypeError, ShapeError
+from cuvil.errors import ArgumentError, DTypeError, ModelError, ShapeError
 from cuvil.runtime.call import check_feed_names
 
-__all__ = ["InferenceSession", "NodeArg"]
+__all__ = ["InferenceSession", "ModelError", "NodeArg"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,8 @@ class InferenceSession:
 
     def __init__(self, path_or_bytes: Any, sess_options: Any = None, providers: Any = None, target: str = "llvm",
                  num_threads: int | None = None, tuning_db: Any = None, **kwargs: Any):
-        from cuvil.frontend.onnx import check_supported, import_model, load_model
+        from cuvil.frontend.onnx import import_model, load_model
+        from cuvil.graph.compile import prepare
 
         if tuning_db is not None and not isinstance(tuning_db, (str, os.PathLike)) and not hasattr(tuning_db, "best"):
             raise ArgumentError("tuning_db must be a path or a cuvil.autotune.Database, got "
@@ -52,11 +53,9 @@ class InferenceSession:
             raise ArgumentError(f"num_threads must be a positive int or None, got {num_threads!r}")
         self.target = target
         self.num_threads = num_threads
-        from cuvil.graph.passes import optimize
-
-        graph = import_model(load_model(path_or_bytes))
-        check_supported(graph)  # every unsupported op at once, before compiling anything
-        self._graph = optimize(graph)  # identities, BatchNorm folded into convs, duplicates, dead nodes
+        # every unsupported op at once, before compiling anything; then the graph passes (identities,
+        # BatchNorm folded into convs, layout, duplicates, dead nodes): once, for every signature
+        self._graph = prepare(import_model(load_model(path_or_bytes)))
         self._feeds = self._graph.feeds
         # each input's (name, dtype, static shape) for the quick check of a well-formed feed
         self._quick = [(v.name, np.dtype(v.dtype), tuple(v.shape)) for v in self._feeds
@@ -148,8 +147,8 @@ class InferenceSession:
 
     def _compiled(self, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray],
                   allow_defer: bool = False) -> Any:
-        from cuvil.frontend.onnx import compile_graph
-        from cuvil.frontend.onnx_ops import NeedsValue
+        from cuvil.graph.compile import compile_graph
+        from cuvil.graph.ops.base import NeedsValue
 
         with self._lock:
             while True:

@@ -11,7 +11,8 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import helper  # noqa: E402
 from onnx_models import float_model  # noqa: E402
 
-from cuvil.frontend.onnx import compile_graph, import_model  # noqa: E402
+from cuvil.frontend.onnx import import_model  # noqa: E402
+from cuvil.graph.compile import compile_graph  # noqa: E402
 from cuvil.graph.fuse import fusion_groups, groups_str  # noqa: E402
 from cuvil.graph.passes import PASSES, optimize  # noqa: E402
 
@@ -189,24 +190,27 @@ def test_profile_times_every_call():
                                                                       fuse=False).run(feeds)["y"], rtol=1e-5)
 
 
-def test_a_fused_kernel_that_does_not_compile_falls_back_to_one_kernel_per_node(monkeypatch):
-    import cuvil.frontend.onnx as fo
-    from cuvil.errors import ScheduleError
+def test_a_fused_kernel_that_does_not_compile_falls_back_to_one_kernel_per_node(monkeypatch, caplog):
+    import cuvil.graph.compile as fo
+    from cuvil.errors import CuvilError
 
     model, feeds = _conv_residual(8, 6)
-    real = fo._lower_kernel
+    real = fo.lower_kernel
 
     def refuse_fused(what, *args):
         if "+" in what.split(" ")[0]:
-            raise ScheduleError("isl gave up (simulated)")
+            raise CuvilError("the fused kernel fails (simulated)")
         return real(what, *args)
 
-    monkeypatch.setattr(fo, "_lower_kernel", refuse_fused)
+    monkeypatch.setattr(fo, "lower_kernel", refuse_fused)
     monkeypatch.setattr(fo, "_KERNELS", {})
     monkeypatch.setenv("CUVIL_CACHE_DIR", "off")
     g = _nchw(import_model(model))
-    with pytest.warns(UserWarning, match="compiled one by one"):
+    with caplog.at_level("WARNING", logger="cuvil.schedule"):
         prog = compile_graph(g, {"x": (1, 8, 6, 6)}, {}, "llvm")
     assert prog.n_calls == 5
+    lines = [r.getMessage() for r in caplog.records if r.name == "cuvil.schedule"]
+    assert len(lines) == 2 and all("compiled one by one" in x and "simulated" in x for x in lines)
+    assert [f.split(":")[0] for f in prog.fallbacks] == ["Conv+Relu 'Conv_0'", "Conv+Add+Relu 'Conv_2'"]
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(prog.run(feeds)["y"], want, rtol=1e-4, atol=1e-5)

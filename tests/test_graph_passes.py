@@ -9,7 +9,8 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import helper  # noqa: E402
 from onnx_models import float_model  # noqa: E402
 
-from cuvil.frontend.onnx import compile_graph, import_model  # noqa: E402
+from cuvil.frontend.onnx import import_model  # noqa: E402
+from cuvil.graph.compile import compile_graph  # noqa: E402
 from cuvil.graph.passes import graph_str, optimize  # noqa: E402
 
 rng = np.random.default_rng(0)

@@ -97,7 +97,7 @@ def test_bench_reports_an_unknown_model(capsys):
 def test_a_second_compile_comes_from_the_kernel_cache(model_path, tmp_path, monkeypatch, capsys):
     """Lowered kernels (.pkl) and the linked module's machine code (.o) are cached on disk; a second
     compile in a process that has not seen the model (in-memory kernels dropped) adds no entry."""
-    import cuvil.frontend.onnx as fo
+    import cuvil.graph.compile as fo
 
     cache = tmp_path / "kcache"
     monkeypatch.setenv("CUVIL_CACHE_DIR", str(cache))

@@ -225,7 +225,7 @@ def _pays(g: Graph) -> bool:
 def channels_last(g: Graph) -> Graph:
     """In a model with depthwise convolutions, 2-D convolutions (depthwise, or ``group`` 1 as
     :func:`_dense_nhwc` says; constant weights) compute channels-last: ``Conv`` -> ``CuvilConvNHWC``
-    (cuvil/frontend/onnx_ops_layout.py), element-wise nodes between them (scalar constants only)
+    (cuvil/graph/ops/layout.py), element-wise nodes between them (scalar constants only)
     keep the layout, a
     ``GlobalAveragePool`` of a channels-last value reads it as it is, and any other reader gets a
     ``Transpose`` back to NCHW.  Graph outputs stay NCHW."""

@@ -78,7 +78,7 @@ def _median(fn: Any, repeat: int, budget_s: float = 0.05) -> float:
 
 
 def profile(prog: Any, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> Profile:
-    """Time every kernel call of ``prog`` (a :class:`~cuvil.frontend.onnx.CompiledGraph`) on ``feeds``."""
+    """Time every kernel call of ``prog`` (a :class:`~cuvil.graph.compiled.CompiledGraph`) on ``feeds``."""
     arrays = prog.buffers(feeds)
     run_s = _median(lambda: prog.run_buffers(arrays), repeat)
     if prog.module is None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import islpy as isl
 
-from cuvil.errors import CuvilError, ShapeError, UnsupportedOpError
+from cuvil.errors import CuvilError, IslBudgetError, ShapeError, UnsupportedOpError
 from cuvil.ir import expr as E
 from cuvil.ir.expr import Binary, Cast, Const, Expr, IterVar, TensorRead, Unary, Var
 from cuvil.ir.functor import ExprMutator, substitute, walk
@@ -352,7 +352,7 @@ def isl_budget(what: str) -> Iterator[None]:
         yield
     except isl.Error as exc:
         if _budget_spent():
-            raise CuvilError(
+            raise IslBudgetError(
                 f"{what}: isl gave up after {MAX_ISL_OPERATIONS} operations; the program is too large or "
                 "too irregular to model (simplify the indices or split the computation)"
             ) from exc

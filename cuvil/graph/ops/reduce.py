@@ -9,7 +9,7 @@ import numpy as np
 
 from cuvil import dtype as dt
 from cuvil import te
-from cuvil.frontend.onnx_ops import Alias, NodeCtx, norm_axis, op
+from cuvil.graph.ops.base import Alias, NodeCtx, norm_axis, op
 from cuvil.ir.expr import max_value
 
 _prod = te.comm_reducer(lambda a, b: a * b, lambda t: 1, name="prod")

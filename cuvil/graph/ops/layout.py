@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from cuvil import te
-from cuvil.frontend.onnx_ops import NodeCtx, Shaped, op
-from cuvil.frontend.onnx_ops_nn import _float_input, _window
+from cuvil.graph.ops.base import NodeCtx, Shaped, op
+from cuvil.graph.ops.nn import _float_input, _window
 
 
 def _weights(ctx: NodeCtx, w: np.ndarray) -> Any:

@@ -59,13 +59,13 @@ def supported_ops() -> list[str]:
 
 
 def _load_families() -> None:
-    from cuvil.frontend import (  # noqa: F401
-        onnx_ops_layout,
-        onnx_ops_math,
-        onnx_ops_nn,
-        onnx_ops_reduce,
-        onnx_ops_resize,
-        onnx_ops_shape,
+    from cuvil.graph.ops import (  # noqa: F401
+        arith,
+        layout,
+        nn,
+        reduce,
+        resize,
+        shape,
     )
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from cuvil import dtype as dt
 from cuvil import te
 from cuvil.errors import DTypeError
-from cuvil.frontend.onnx_ops import NodeCtx, Shaped, bcast_read, broadcast_shapes, norm_axis, op
+from cuvil.graph.ops.base import NodeCtx, Shaped, bcast_read, broadcast_shapes, norm_axis, op
 from cuvil.ir.expr import min_value
 from cuvil.te.tensor import Tensor
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from cuvil import te
-from cuvil.frontend.onnx_ops import Alias, NodeCtx, bcast_read, broadcast_shapes, norm_axis, op
+from cuvil.graph.ops.base import Alias, NodeCtx, bcast_read, broadcast_shapes, norm_axis, op
 
 
 def _prod(xs: Any) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from cuvil import te
-from cuvil.frontend.onnx_ops import NodeCtx, op
+from cuvil.graph.ops.base import NodeCtx, op
 
 
 def _source_coords(mode: str, out_len: int, in_len: int, scale: float, roi: tuple[float, float]) -> np.ndarray:

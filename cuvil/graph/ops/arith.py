@@ -10,7 +10,7 @@ import numpy as np
 from cuvil import dtype as dt
 from cuvil import te
 from cuvil.errors import DTypeError
-from cuvil.frontend.onnx_ops import NodeCtx, elementwise, op
+from cuvil.graph.ops.base import NodeCtx, elementwise, op
 
 # -- unary ------------------------------------------------------------------------------
 
@@ -85,7 +85,7 @@ def gelu(ctx: NodeCtx) -> list:
 
 @op("Identity", "Dropout")
 def identity(ctx: NodeCtx) -> list:
-    from cuvil.frontend.onnx_ops import Alias
+    from cuvil.graph.ops.base import Alias
 
     outs: list = [Alias(0, ctx.shape(0))]
     if ctx.node.op_type == "Dropout":

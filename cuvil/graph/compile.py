@@ -1,0 +1,431 @@
+"""The graph compiler: one :class:`~cuvil.graph.ir.Graph` -> one :class:`CompiledGraph` (one native module).
+
+Every importer (ONNX, PyTorch) hands its graph here; nothing else compiles whole models::
+
+    prog = compile_model(graph, {"x": (1, 3, 224, 224)})
+    outputs = prog.run({"x": x})                     # one native call
+
+:func:`compile_model`, top to bottom:
+
+1. **check**   every node's op has a builder (one ``UnsupportedOpError`` lists them all)
+2. **passes**  :func:`cuvil.graph.passes.optimize`: identities, BatchNorm folded into convolutions,
+               layout, duplicates, dead nodes (:func:`prepare` = 1 + 2; a session does it once)
+3. **groups**  :func:`cuvil.graph.fuse.fusion_groups`: a node and the element-wise nodes after it
+4. **kernels** each group's builders (:mod:`cuvil.graph.ops`) give te tensors, auto-scheduled (or
+               replaying a tuning record) and lowered to loop IR; kernels are cached (in memory and on
+               disk) by op, attributes, input shapes and the values the builders read; a group whose
+               inputs are all known is run now and its outputs become constants (folding)
+5. **link**    the kernels into one LLVM module whose entry point makes the calls in order
+6. **memory**  temporaries share one arena, reused by lifetime (:mod:`cuvil.graph.memplan`)
+
+A kernel whose automatic schedule isl cannot handle within its operation bound takes a plainer one
+(the te order); a fused group that does not compile is compiled node by node.  Each such fallback is
+one ``cuvil.schedule`` log line and one entry of ``prog.fallbacks``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from cuvil.errors import CuvilError, IslBudgetError, ModelError, UnsupportedOpError
+from cuvil.graph import kernel_cache
+from cuvil.graph.compiled import CompiledGraph, Slot, contiguous, link, temp_bytes
+from cuvil.graph.ir import Graph, Node
+from cuvil.graph.ops.base import (
+    Alias,
+    Entry,
+    Fused,
+    NodeCtx,
+    NotFusible,
+    Runtime,
+    Shaped,
+    builder_for,
+    inline_elementwise,
+    t_shape,
+)
+
+__all__ = ["CompiledGraph", "check_supported", "compile_graph", "compile_model", "kernel_programs", "prepare"]
+
+log = logging.getLogger("cuvil.schedule")
+
+
+# -- the pipeline -----------------------------------------------------------------------------
+
+
+def compile_model(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray] | None = None,
+                  target: Any = "llvm", **options: Any) -> CompiledGraph:
+    """Compile an imported ``graph`` for inputs of ``shapes`` (fed at run time) and inputs of ``known``
+    values (specialised on): :func:`prepare` then :func:`compile_graph` (``options`` are its)."""
+    return compile_graph(prepare(graph, dump=options.pop("dump", None)), shapes, known or {}, target, **options)
+
+
+def prepare(graph: Graph, dump: Any = None) -> Graph:
+    """Steps 1-2: check that every op is supported, then run the graph passes (``dump(name, graph)``
+    is called after each pass)."""
+    from cuvil.graph.passes import optimize
+
+    check_supported(graph)
+    return optimize(graph, dump=dump)
+
+
+def compile_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray],
+                  target: Any = "llvm", progress: Any = None, fuse: bool = True, tuning_db: Any = None,
+                  on_kernel: Any = None) -> CompiledGraph:
+    """Steps 3-6 on a prepared graph.  With ``fuse``, each fusion group is one kernel; otherwise each
+    node is.  ``progress(done, total, node)`` is called per group; ``on_kernel(key, args, label)`` per
+    kernel call.  Raises ``NeedsValue`` when a builder needs a fed input's value."""
+    from cuvil.graph.fuse import Group, fusion_groups
+    from cuvil.graph.memplan import lifetimes, plan_memory
+    from cuvil.target import Target
+
+    check_supported(graph)
+    c = _GraphCompiler(graph, shapes, known, Target(target), tuning_db, on_kernel)
+    groups = fusion_groups(graph) if fuse else tuple(Group((k,)) for k in range(len(graph.nodes)))  # 3.
+    done = 0
+    for grp in groups:  # 4.
+        nodes = [graph.nodes[k] for k in grp.members]
+        if progress is not None:
+            progress(done, len(graph.nodes), nodes[0])
+        if len(nodes) == 1 or not c.group(nodes):
+            for node in nodes:
+                c.node(node)
+        done += len(nodes)
+    outputs = c.outputs()
+    kernels, calls, module = link(c.calls, c.target)  # 5.
+    memory = plan_memory(lifetimes([((), args) for _, args in c.calls], temp_bytes(c.slots, outputs)))  # 6.
+    return CompiledGraph(c.slots, kernels, calls, module, memory, outputs, c.target, c.labels, tuple(c.fallbacks))
+
+
+def check_supported(graph: Graph) -> None:
+    """Raise one UnsupportedOpError naming every unsupported op type and its nodes."""
+    missing: dict[str, list[str]] = {}
+    for n in graph.nodes:
+        if n.domain not in ("", "ai.onnx") or builder_for(n.op_type, graph.opset) is None:
+            key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+            missing.setdefault(key, []).append(n.name)
+    if missing:
+        parts = [f"{op} (node{'s' if len(ns) > 1 else ''} {', '.join(repr(x) for x in ns[:8])}"
+                 f"{', ...' if len(ns) > 8 else ''})" for op, ns in sorted(missing.items())]
+        raise UnsupportedOpError(f"the model uses {len(missing)} operator type(s) cuvil does not support at opset "
+                                 f"{graph.opset}: {'; '.join(parts)}")
+
+
+def kernel_programs(graph: Graph, target: Any = "llvm", shapes: Mapping[str, tuple[int, ...]] | None = None
+                    ) -> list[tuple[list[Any], int]]:
+    """The distinct kernels one run of an imported ``graph`` calls, each as (its te arguments, how many
+    calls of it a run makes): what ``cuvil tune`` tunes.  Symbolic input dimensions need ``shapes``;
+    the graph is compiled once on the way (folding its constants)."""
+    from cuvil.errors import ShapeError
+    from cuvil.graph.ops.base import NeedsValue
+
+    graph = prepare(graph)
+    static = {v.name: (tuple(shapes[v.name]) if shapes and v.name in shapes else v.shape) for v in graph.feeds}
+    open_dims = [n for n, s in static.items() if s is None or not all(isinstance(d, int) for d in s)]
+    if open_dims:
+        raise ShapeError(f"inputs {', '.join(open_dims)} have symbolic dimensions: give their sizes, e.g. "
+                         f"shapes={{{open_dims[0]!r}: (1, 3, 224, 224)}}")
+    found: dict[tuple, list[Any]] = {}
+
+    def on_kernel(key: tuple, args: list[Any], label: str) -> None:
+        found.setdefault(key, [args, 0])[1] += 1
+
+    try:
+        compile_graph(graph, static, {}, target, on_kernel=on_kernel)  # type: ignore[arg-type]
+    except NeedsValue as exc:
+        raise ShapeError(f"a shape of this model depends on the value of an input ({exc}): its kernels are "
+                         "only known for given values; tune them one by one with cuvil.autotune.tune") from None
+    return [(args, n) for args, n in found.values()]
+
+
+# -- kernels ----------------------------------------------------------------------------------
+
+_KERNELS: dict[tuple, Any] = {}  # (target, node key) -> LoweredFunc named "k", shared by every session
+_FALLBACK_OF: dict[tuple, str] = {}  # node key -> why its kernel took a plainer schedule (for cached kernels)
+
+
+def _digest(a: np.ndarray) -> str:
+    return hashlib.sha1(contiguous(a).tobytes() + str((a.dtype, a.shape)).encode()).hexdigest()
+
+
+def _attr_key(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return ("array", _digest(v))
+    if isinstance(v, (list, tuple)):
+        return tuple(_attr_key(x) for x in v)
+    return repr(v)
+
+
+def _node_key(ctx: NodeCtx, target: str) -> tuple:
+    n = ctx.node
+    # shape, dtype and whether the value is known at compile time (builders may branch on that)
+    # (an input computed by an earlier member of a fused kernel: which member, and its kernel shape)
+    spec = tuple(None if e is None else (tuple(e.shape), e.dtype, False) if isinstance(e, Runtime) else (
+        "fused", e.member, tuple(e.shape), e.dtype, e.kernel_shape) if isinstance(e, Fused) else (
+        tuple(e.shape), e.dtype.name, True) for e in ctx.entries)
+    values = tuple((i, _digest(np.asarray(ctx.entries[i]))) for i in sorted(ctx.value_reads))
+    attrs = tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items()))
+    return (target, n.op_type, ctx.opset, attrs, spec, values, len(n.outputs))
+
+
+def lower_kernel(what: str, args: list[Any], placeholders: list[Any], target: Any, tuning_db: Any = None
+                 ) -> tuple[Any, str | None]:
+    """The loop IR of one kernel (``what`` names its node or fused nodes in errors), and why it took a
+    plainer schedule than the automatic one (None when it did not).  With ``tuning_db``, the best tuning
+    record of the kernel's computation replaces the automatic schedule when there is one."""
+    import cuvil
+    from cuvil import te
+    from cuvil.errors import ScheduleError
+
+    outputs = [a for a in args if not any(a is p for p in placeholders)]
+    try:
+        try:
+            s = cuvil.auto_schedule(args, target)
+            if tuning_db is not None:
+                from cuvil.autotune.replay import apply_best
+
+                s = apply_best(s, args, target, tuning_db)
+            return cuvil.lower(s, args, name="k"), None
+        except (ScheduleError, IslBudgetError) as exc:
+            why = f"its automatic schedule failed ({_first_line(exc)}); compiled in the te order"
+            log.warning("%s: %s", what, why)
+            return cuvil.lower(te.create_schedule(outputs), args, name="k"), why
+    except CuvilError as exc:
+        raise type(exc)(f"{what}: {exc}") from None
+    except Exception as exc:
+        raise CuvilError(f"{what}: internal error while compiling its kernel: {type(exc).__name__}: {exc}"
+                         ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
+
+
+def _tensor_and_shape(o: Any) -> tuple[Any, tuple[int, ...] | None]:
+    """A builder's output as (te tensor, the shape the graph sees), or (None, None) when not computed."""
+    from cuvil.te.tensor import Tensor
+
+    if isinstance(o, Shaped):
+        return o.tensor, o.shape
+    if isinstance(o, Tensor):
+        return o, tuple(int(d.value) for d in o.shape)
+    return None, None
+
+
+def _db_key(tuning_db: Any) -> tuple | None:
+    """What a kernel cache key records of a tuning database: its file's identity and last change (a new
+    record makes every kernel look again); None when it cannot be told (a database in memory)."""
+    path = os.fspath(tuning_db) if isinstance(tuning_db, (str, os.PathLike)) else getattr(tuning_db, "path", None)
+    if path is None or path == ":memory:":
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ("tuning_db", os.path.abspath(path), "absent")
+    return ("tuning_db", os.path.abspath(path), st.st_mtime_ns, st.st_size)
+
+
+class _GraphCompiler:
+    """The state of one :func:`compile_graph`: buffers (slots), the values of the graph's names (env),
+    the kernel calls in run order, and the fallbacks taken."""
+
+    def __init__(self, graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray],
+                 target: Any, tuning_db: Any = None, on_kernel: Any = None):
+        self.graph = graph
+        self.target = target
+        self.tuning_db = tuning_db  # kernels replay their best tuning records (cuvil.autotune)
+        self.on_kernel = on_kernel  # called as on_kernel(key, args, label) for each kernel call the graph runs
+        self.slots: list[Slot] = []
+        self.calls: list[tuple[Any, tuple[int, ...]]] = []
+        self.labels: list[str] = []
+        self.fallbacks: list[str] = []
+        self._const_slot: dict[int, int] = {}
+        self.env: dict[str, Entry] = dict(graph.initializers)
+        for v in graph.inputs:
+            if v.name in known:
+                self.env[v.name] = np.asarray(known[v.name])
+            elif v.name in shapes:
+                self.slots.append(Slot("feed", v.dtype or "float32", math.prod(shapes[v.name]), v.name))
+                self.env[v.name] = Runtime(len(self.slots) - 1, tuple(shapes[v.name]), v.dtype or "float32",
+                                           frozenset([v.name]))
+
+    def slot_of(self, e: Runtime | np.ndarray) -> int:
+        if isinstance(e, Runtime):
+            return e.slot
+        if id(e) not in self._const_slot:
+            a = contiguous(e)
+            self.slots.append(Slot("const", a.dtype.name, a.size, array=a))
+            self._const_slot[id(e)] = len(self.slots) - 1
+        return self._const_slot[id(e)]
+
+    def build(self, node: Node, entries: list[Entry], prefix: str = "") -> tuple[NodeCtx, list]:
+        """Run ``node``'s builder: its context and one output per node output."""
+        ctx = NodeCtx(node, entries, self.graph.opset, prefix)
+        ctx.target = self.target
+        builder = builder_for(node.op_type, self.graph.opset)
+        try:
+            outs = list(builder(ctx))  # type: ignore[misc]
+        except (CuvilError, NotFusible):
+            raise
+        except (IndexError, KeyError, TypeError, ValueError) as exc:
+            raise ModelError(f"{node}: malformed inputs or attributes ({type(exc).__name__}: {exc})") from None
+        return ctx, outs + [None] * (len(node.outputs) - len(outs))
+
+    def node(self, node: Node) -> None:
+        """Compile one node as its own kernel (or fold it, or alias its input)."""
+        entries = [self.env[x] if x else None for x in node.inputs]
+        ctx, outs = self.build(node, entries)
+        computed = []  # (output index, kernel tensor, shape the graph sees)
+        for k, o in enumerate(outs):
+            t, shape = _tensor_and_shape(o)
+            if t is None:
+                continue
+            if math.prod(shape) == 0:  # type: ignore[arg-type]
+                outs[k] = np.zeros(shape, t.dtype)
+            else:
+                computed.append((k, t, shape))
+        if computed:
+            results = self.kernel(_node_key(ctx, self.target.canonical), [ctx], [(t, s) for _, t, s in computed],
+                                  f"{node.op_type} {node.name!r}")
+            for (k, _, _), r in zip(computed, results):
+                outs[k] = r
+        for name, o in zip(node.outputs, outs):
+            if isinstance(o, Alias):
+                src = entries[o.index]
+                o = src.reshape(o.shape) if isinstance(src, np.ndarray) else dataclasses.replace(src, shape=o.shape)
+            if name:
+                self.env[name] = o
+
+    def group(self, nodes: list[Node]) -> bool:
+        """Compile a fusion group as one kernel: each member's builder reads the te tensors of the
+        members before it.  False (nothing compiled) when a member cannot be fused."""
+        local: dict[str, Fused] = {}
+        ctxs = []
+        try:
+            for m, node in enumerate(nodes):
+                entries = [local[x] if x in local else self.env[x] if x else None for x in node.inputs]
+                ctx, outs = self.build(node, entries, prefix=f"n{m}_")
+                t, shape = _tensor_and_shape(outs[0])
+                if t is None or any(o is not None for o in outs[1:]) or math.prod(shape) == 0:  # type: ignore[arg-type]
+                    return False
+                local[node.outputs[0]] = Fused(t, shape, t.dtype, m)  # type: ignore[arg-type]
+                ctxs.append(ctx)
+        except NotFusible:
+            return False
+        last = local[nodes[-1].outputs[0]]
+        last = dataclasses.replace(last, tensor=inline_elementwise(last.tensor))  # one epilogue stage
+        key = ("fused",) + tuple(_node_key(ctx, self.target.canonical) for ctx in ctxs)
+        label = f"{'+'.join(n.op_type for n in nodes)} {nodes[0].name!r}"
+        try:
+            [self.env[nodes[-1].outputs[0]]] = self.kernel(key, ctxs, [(last.tensor, last.shape)], label)
+        except CuvilError as exc:  # (raised before the kernel is added: nothing to undo)
+            why = f"the fused kernel does not compile ({_first_line(exc)}); its nodes are compiled one by one"
+            log.warning("%s: %s", label, why)
+            self.fallbacks.append(f"{label}: {why}")
+            return False
+        return True
+
+    def kernel(self, key: tuple, ctxs: list[NodeCtx], outs: list[tuple[Any, tuple[int, ...]]], label: str
+               ) -> list[Runtime | np.ndarray]:
+        """The kernel computing ``outs`` (te tensor, graph shape) from the placeholders of ``ctxs``: called
+        at run time, or run now when every input is known (its outputs become constants)."""
+        placeholders = [(ctx, i, p) for ctx in ctxs for i, p in ctx.placeholders]
+        args = [p for _, _, p in placeholders] + [t for t, _ in outs]
+        cached = True
+        if self.tuning_db is not None:
+            db = _db_key(self.tuning_db)
+            cached = db is not None
+            key = key + (db,)
+        func = _KERNELS.get(key) if cached else None
+        if func is None:
+            func = kernel_cache.load(key) if cached else None
+            if func is None:
+                func, why = lower_kernel(label, args, [p for _, _, p in placeholders], self.target, self.tuning_db)
+                if why is not None:
+                    _FALLBACK_OF[key] = why
+                if cached:
+                    kernel_cache.store(key, func)
+                    if why is not None:
+                        kernel_cache.store(("fallback",) + key, why)
+            elif (why := kernel_cache.load(("fallback",) + key)) is not None:
+                _FALLBACK_OF[key] = why
+            if cached:
+                _KERNELS[key] = func
+        ins = [ctx.entries[i] for ctx, i, _ in placeholders]
+        if all(isinstance(e, np.ndarray) for e in ins):
+            results = _fold(func, [np.reshape(e, t_shape(p)) for e, (_, _, p) in zip(ins, placeholders)],
+                            [(t_shape(t), t.dtype) for t, _ in outs], self.target)
+            return [r.reshape(shape) for r, (_, shape) in zip(results, outs)]
+        if key in _FALLBACK_OF:
+            self.fallbacks.append(f"{label}: {_FALLBACK_OF[key]}")
+        if self.on_kernel is not None:
+            self.on_kernel(key, args, label)
+        origin = frozenset().union(*(e.origin for e in ins if isinstance(e, Runtime)))
+        arg_slots = [self.slot_of(e) for e in ins]  # type: ignore[arg-type]
+        results: list[Runtime | np.ndarray] = []
+        for t, shape in outs:
+            self.slots.append(Slot("temp", t.dtype, math.prod(shape)))
+            results.append(Runtime(len(self.slots) - 1, shape, t.dtype, origin))
+            arg_slots.append(len(self.slots) - 1)
+        self.calls.append((func, tuple(arg_slots)))
+        self.labels.append(label)
+        return results
+
+    def outputs(self) -> list[tuple[str, Runtime | np.ndarray]]:
+        """The graph's outputs, each in a buffer of its own (copied when it is an input, a constant or
+        another output)."""
+        outputs: list[tuple[str, Runtime | np.ndarray]] = []
+        used: set[int] = set()
+        for v in self.graph.outputs:
+            e = self.env[v.name]
+            if isinstance(e, Runtime) and (self.slots[e.slot].kind != "temp" or e.slot in used):
+                e = _copy(e, self.slots, self.calls, self.target)
+                self.labels.append(f"copy to output {v.name!r}")
+            if isinstance(e, Runtime):
+                used.add(e.slot)
+            outputs.append((v.name, e))
+        return outputs
+
+
+def _copy(e: Runtime, slots: list[Slot], calls: list, target: Any) -> Runtime:
+    """A kernel that copies ``e`` into a new buffer (an output that is an input, a constant or another output)."""
+    from cuvil import te
+
+    key = (target.canonical, "copy", e.shape, e.dtype)
+    func = _KERNELS.get(key) or kernel_cache.load(key)
+    if func is None:
+        import cuvil
+
+        x = te.placeholder(e.shape, e.dtype, name="x")
+        y = te.compute(e.shape, lambda *i: x[i], name="copy")
+        func = cuvil.lower(cuvil.auto_schedule([x, y], target), [x, y], name="k")
+        kernel_cache.store(key, func)
+    _KERNELS[key] = func
+    slots.append(Slot("temp", e.dtype, math.prod(e.shape)))
+    calls.append((func, (e.slot, len(slots) - 1)))
+    return dataclasses.replace(e, slot=len(slots) - 1)
+
+
+_FOLDERS: dict[tuple, Any] = {}
+
+
+def _fold(func: Any, ins: list[np.ndarray], out_shapes: list[tuple[tuple[int, ...], str]], target: Any
+          ) -> list[np.ndarray]:
+    """Run a kernel on constant inputs now: its outputs become constants of the compiled graph."""
+    from cuvil.runtime.module import Module
+
+    key = (id(func), target.canonical)
+    if key not in _FOLDERS:
+        _FOLDERS[key] = (func, Module(func, target))
+    mod = _FOLDERS[key][1]
+    outs = [np.empty(shape, dtype) for shape, dtype in out_shapes]
+    mod(*[contiguous(a) for a in ins], *outs)
+    return outs
