@@ -85,6 +85,24 @@ def remove_identities(g: Graph) -> Graph:
     return _with(g, _rename_inputs(kept, alias))
 
 
+def constants_as_initializers(g: Graph) -> Graph:
+    """``Constant`` nodes (TorchScript exports write one per scalar: Clip's bounds, Reshape's shapes) become
+    initializers, so the passes after this one see their values (a Clip with constant bounds keeps a
+    channels-last layout and fuses into its convolution).  Graph outputs stay nodes."""
+    from cuvil.graph.ops.shape import constant_value
+
+    outputs = {v.name for v in g.outputs}
+    inits = dict(g.initializers)
+    nodes = []
+    for n in g.nodes:
+        v = constant_value(n.attrs) if n.op_type == "Constant" and not n.domain and len(n.outputs) == 1 else None
+        if v is None or n.outputs[0] in outputs or n.outputs[0] in inits:
+            nodes.append(n)
+        else:
+            inits[n.outputs[0]] = v
+    return g if len(nodes) == len(g.nodes) else _with(g, nodes, inits)
+
+
 def _const(g: Graph, name: str) -> np.ndarray | None:
     return g.initializers.get(name) if name else None
 
@@ -274,6 +292,7 @@ def channels_last(g: Graph) -> Graph:
 
 
 PASSES: tuple[tuple[str, Pass], ...] = (
+    ("constants as initializers", constants_as_initializers),
     ("remove identities", remove_identities),
     ("fold batch normalization", fold_batchnorm),
     ("common subexpressions", eliminate_common_subexpressions),

@@ -315,21 +315,26 @@ def size(ctx: NodeCtx) -> list:
     return [np.array(_prod(ctx.shape(0)), np.int64)]
 
 
+def constant_value(a: dict[str, Any]) -> np.ndarray | None:
+    """The value of a ``Constant`` node with attributes ``a``; None for string and sparse constants."""
+    if "value" in a:
+        return np.asarray(a["value"])
+    if "value_float" in a:
+        return np.array(a["value_float"], np.float32)
+    if "value_floats" in a:
+        return np.array(a["value_floats"], np.float32)
+    if "value_int" in a:
+        return np.array(a["value_int"], np.int64)
+    if "value_ints" in a:
+        return np.array(a["value_ints"], np.int64)
+    return None
+
+
 @op("Constant")
 def constant(ctx: NodeCtx) -> list:
-    a = ctx.node.attrs
-    if "value" in a:
-        v = np.asarray(a["value"])
-    elif "value_float" in a:
-        v = np.array(a["value_float"], np.float32)
-    elif "value_floats" in a:
-        v = np.array(a["value_floats"], np.float32)
-    elif "value_int" in a:
-        v = np.array(a["value_int"], np.int64)
-    elif "value_ints" in a:
-        v = np.array(a["value_ints"], np.int64)
-    else:
-        raise ctx.unsupported(f"attributes {sorted(a)} (string and sparse constants are not supported)")
+    v = constant_value(ctx.node.attrs)
+    if v is None:
+        raise ctx.unsupported(f"attributes {sorted(ctx.node.attrs)} (string and sparse constants are not supported)")
     return [v]
 
 
