@@ -28,7 +28,8 @@ def _check(model, feeds, expect_ops):
     dumps = []
     g = optimize(import_model(model), dump=lambda name, gr: dumps.append((name, graph_str(gr))))
     assert sorted(n.op_type for n in g.nodes) == sorted(expect_ops), graph_str(g)
-    assert [d[0] for d in dumps] == ["constants as initializers", "remove identities", "fold batch normalization", "common subexpressions",
+    assert [d[0] for d in dumps if d[0] != "expand recurrent nodes"] == [
+        "constants as initializers", "remove identities", "element-wise before reshapes", "fold batch normalization", "common subexpressions",
                                      "dead nodes", "channels last"]
     prog = compile_graph(g, {k: v.shape for k, v in feeds.items()}, {}, "llvm")
     got = prog.run(feeds)
@@ -118,6 +119,37 @@ def test_constant_nodes_become_initializers_so_a_clip_keeps_the_channels_last_la
     model = _model(nodes, [("x", [1, c, 9, 9])], ["y"], inits)
     _check(model, {"x": rng.standard_normal((1, c, 9, 9)).astype(np.float32)},
            ["CuvilConvNHWC", "Clip", "Transpose", "Conv"])
+
+
+def test_a_gelu_after_a_reshaped_gemm_computes_before_the_reshape_and_fuses_into_the_gemm():
+    """Exporters write a linear layer on a 3-D input as Gemm (2-D) -> Reshape (3-D) -> activation; the
+    tanh GELU reads its input three times (Pow 3, Add, Mul)."""
+    from cuvil.graph.fuse import fusion_groups
+
+    inits = {"W": rng.standard_normal((24, 16)) * 0.3, "B": rng.standard_normal(24), "shape": np.array([1, 6, 24]),
+             "three": np.array(3.0), "a": np.array(0.044715), "c": np.array(0.7978845608), "one": np.array(1.0),
+             "half": np.array(0.5), "flat": np.array([6, 16])}
+    nodes = [
+        helper.make_node("Reshape", ["x", "flat"], ["x2"]),
+        helper.make_node("Gemm", ["x2", "W", "B"], ["g"], transB=1),
+        helper.make_node("Reshape", ["g", "shape"], ["r"]),
+        helper.make_node("Mul", ["r", "half"], ["h"]),
+        helper.make_node("Pow", ["r", "three"], ["p"]),
+        helper.make_node("Mul", ["p", "a"], ["pa"]),
+        helper.make_node("Add", ["r", "pa"], ["s"]),
+        helper.make_node("Mul", ["s", "c"], ["sc"]),
+        helper.make_node("Tanh", ["sc"], ["t"]),
+        helper.make_node("Add", ["t", "one"], ["t1"]),
+        helper.make_node("Mul", ["h", "t1"], ["y"]),
+    ]
+    model = _model(nodes, [("x", [1, 6, 16])], ["y"], inits)
+    for t in model.graph.initializer:  # shapes are int64
+        if t.name in ("shape", "flat"):
+            t.CopyFrom(onnx.numpy_helper.from_array(inits[t.name].astype(np.int64), t.name))
+    expect = ["Reshape", "Gemm", "Mul", "Pow", "Mul", "Add", "Mul", "Tanh", "Add", "Mul", "Reshape"]
+    _check(model, {"x": rng.standard_normal((1, 6, 16)).astype(np.float32)}, expect)
+    g = optimize(import_model(model))
+    assert [len(grp.members) for grp in fusion_groups(g) if len(grp.members) > 1] == [9]  # Gemm + the GELU
 
 
 def test_dense_3x3_convs_after_channels_last_values_read_them_back_in_nchw():

@@ -103,6 +103,48 @@ def constants_as_initializers(g: Graph) -> Graph:
     return g if len(nodes) == len(g.nodes) else _with(g, nodes, inits)
 
 
+def elementwise_before_reshapes(g: Graph) -> Graph:
+    """An element-wise node whose operands are reshaped values (and scalar constants) computes on the
+    values before the reshape, and the reshape follows it: ``Gemm -> Reshape -> GELU`` (how exporters
+    write a linear layer on a 3-D input) becomes ``Gemm -> GELU -> Reshape``, so the GELU fuses into
+    the Gemm's epilogue.  Only where every operand's shapes, before and after, are static and alike."""
+    from cuvil.graph.fuse import ELEMENTWISE
+
+    shapes = {v.name: v.shape for v in (*g.inputs, *g.outputs, *g.value_info.values())}
+    taken: dict[str, Any] = {**g.initializers, **{o: 0 for n in g.nodes for o in n.outputs}}
+    source: dict[str, Node] = {}  # a reshaped value -> the Reshape (or the node standing for it)
+    nodes: list[Node] = []
+    changed = False
+
+    def static(x: str) -> tuple[int, ...] | None:
+        s = shapes.get(x)
+        return tuple(s) if s is not None and all(isinstance(d, int) for d in s) else None
+
+    for n in g.nodes:
+        if (n.op_type == "Reshape" and not n.domain and len(n.inputs) == 2 and _const(g, n.inputs[1]) is not None
+                and static(n.inputs[0]) and static(n.outputs[0])):
+            source[n.outputs[0]] = n
+            nodes.append(n)
+            continue
+        operands = [x for x in n.inputs if x and not (_const(g, x) is not None and _const(g, x).size == 1)]
+        if (not n.domain and n.op_type in ELEMENTWISE and len(n.outputs) == 1 and operands
+                and all(x in source for x in operands)
+                and len({(static(source[x].inputs[0]), static(x)) for x in operands}) == 1
+                and static(n.outputs[0]) == static(operands[0])):
+            before = _fresh(taken, n.outputs[0] + ".flat")
+            taken[before] = 0
+            ins = tuple(source[x].inputs[0] if x in source else x for x in n.inputs)
+            nodes.append(replace(n, inputs=ins, outputs=(before,)))
+            r = source[operands[0]]
+            shapes[before] = static(r.inputs[0])
+            source[n.outputs[0]] = Node("Reshape", n.name + ".reshape", (before, r.inputs[1]), n.outputs, r.attrs)
+            nodes.append(source[n.outputs[0]])
+            changed = True
+            continue
+        nodes.append(n)
+    return _with(g, nodes) if changed else g
+
+
 def _const(g: Graph, name: str) -> np.ndarray | None:
     return g.initializers.get(name) if name else None
 
@@ -294,6 +336,7 @@ def channels_last(g: Graph) -> Graph:
 PASSES: tuple[tuple[str, Pass], ...] = (
     ("constants as initializers", constants_as_initializers),
     ("remove identities", remove_identities),
+    ("element-wise before reshapes", elementwise_before_reshapes),
     ("fold batch normalization", fold_batchnorm),
     ("common subexpressions", eliminate_common_subexpressions),
     ("dead nodes", eliminate_dead_nodes),
