@@ -122,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
                          "in this tuning database (cuvil tune) and time the untuned compilation beside it")
     p_bench.add_argument("--quick", action="store_true", help="--ops: skip the largest shapes")
     p_bench.add_argument("--only", default=None, help="--ops: only the rows whose name contains this text")
+    p_bench.add_argument("--registry", action="store_true", help="the registry of real models (cuvil.registry; "
+                         "needs torch): models are registry names (default: all), one protocol (docs/models.md)")
+    p_bench.add_argument("--config", default="full", choices=("full", "ci"), help="--registry: model sizes")
+    p_bench.add_argument("--exporter", default="dynamo", help="--registry: dynamo, torchscript or both, "
+                         "comma-separated")
+    p_bench.add_argument("--json", default=None, metavar="FILE", help="--registry: also write the results here")
     from cuvil import cli_onnx
 
     cli_onnx.add_parsers(sub)
@@ -152,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         from cuvil import bench_model
 
         models = list(args.models) + [m for m in (args.model_list or "").split(",") if m]
+        if args.registry:
+            from cuvil import bench_registry
+
+            names = [n for m in models for n in m.split(",") if n]
+            return bench_registry.run(names, [e for e in args.exporter.split(",") if e], args.config, threads,
+                                      rounds=args.rounds, cold=not args.no_cold, json_path=args.json)
         return bench_model.run(models, threads, cold=not args.no_cold, rounds=args.rounds,
                                profile_top=args.profile, tuning_db=args.tuning_db)
     parser.print_help()

@@ -80,6 +80,13 @@ class InferenceSession:
     def get_providers(self) -> list[str]:
         return ["CuvilExecutionProvider"]
 
+    @property
+    def fallbacks(self) -> list[str]:
+        """One line per kernel of the programs compiled so far that took a plainer schedule than planned
+        (isl's operation bound, a strategy the scheduler could not apply); also logged on the
+        ``cuvil.schedule`` logger when it happens."""
+        return [f for prog in self._cache.values() if prog is not None for f in prog.fallbacks]
+
     # -- running ---------------------------------------------------------------------------
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None
             ) -> list[np.ndarray]:

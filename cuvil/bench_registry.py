@@ -1,0 +1,267 @@
+"""``cuvil bench --registry``: the registry's real models (:mod:`cuvil.registry`) beside onnxruntime.
+
+One protocol, so figures compare across sessions::
+
+    cuvil bench --registry                                  # every model, full size, dynamo export, 1 and 2 threads
+    cuvil bench --registry resnet50,gpt2 --exporter dynamo,torchscript --threads 1
+    cuvil bench --registry --config ci                      # the small configurations (seconds each)
+
+Per model and exporter it prints:
+
+- **cold**: the compile time in a fresh process with an empty kernel cache (wall), and the number of
+  fallbacks the compile took (kernels whose planned schedule isl or the scheduler refused);
+- at 1 thread: cuvil and onnxruntime called **alternately, call by call**, in this process, each
+  call on fresh random inputs (floats redrawn; ids and masks kept), after warm-up calls; the median
+  **process CPU time** per call and, beside it, the median wall time;
+- at 2 threads: each engine in **blocks after a pause** (their thread pools stop spinning first),
+  alternated ``--rounds`` times (at least 5); median wall and CPU time per call;
+- the ratio **cuvil / onnxruntime** of the medians (> 1: cuvil is slower), CPU time at 1 thread,
+  wall time at 2 threads;
+- whether every output matches onnxruntime: ``numpy.allclose(rtol=1e-3, atol=1e-4)``.
+
+cuvil runs untuned (no tuning database), bounds checks as shipped, through
+``cuvil.onnx.InferenceSession.run(None, feeds)``; onnxruntime with default SessionOptions except
+``intra_op_num_threads=N`` and ``inter_op_num_threads=1``.  The last lines give, per thread count,
+the geometric mean of the ratios and the worst model, and the load average before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+SETTLE_S = 0.2  # a pause before each 2-thread block: onnxruntime's pool spins for tens of ms after a run
+
+
+@dataclass
+class Result:
+    """What the registry benchmark measured for one (model, exporter)."""
+
+    model: str
+    exporter: str
+    compile_s: float | None = None
+    fallbacks: int | None = None
+    # threads -> (cuvil cpu, cuvil wall, ort cpu, ort wall), seconds per call (medians)
+    latency: dict[int, tuple[float, float, float, float]] = field(default_factory=dict)
+    ok: bool = True
+    max_err: float = 0.0
+    error: str = ""
+
+    def ratio(self, t: int) -> float:
+        """cuvil / onnxruntime at ``t`` threads: CPU time at 1 thread, wall time above."""
+        c_cpu, c_wall, o_cpu, o_wall = self.latency[t]
+        return c_cpu / o_cpu if t == 1 else c_wall / o_wall
+
+
+def _fresh(example: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Inputs like ``example``: float inputs redrawn (standard normal), integer and bool inputs (ids,
+    masks) kept, since their valid values depend on the model."""
+    return {n: rng.standard_normal(a.shape).astype(a.dtype) if a.dtype.kind == "f" else a
+            for n, a in example.items()}
+
+
+def _check(ours: list[np.ndarray], ref: list[np.ndarray]) -> tuple[bool, float]:
+    ok, worst = len(ours) == len(ref), 0.0
+    for y, r in zip(ours, ref):
+        if y.shape != r.shape or y.dtype != r.dtype:
+            return False, math.inf
+        if r.dtype.kind == "f" and r.size:
+            worst = max(worst, float(np.max(np.abs(y.astype(np.float64) - r))))
+            ok &= bool(np.allclose(y, r, rtol=1e-3, atol=1e-4))
+        else:
+            ok &= bool(np.array_equal(y, r))
+    return ok, worst
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
+    c0, w0 = time.process_time(), time.perf_counter()
+    fn()
+    return time.process_time() - c0, time.perf_counter() - w0
+
+
+# -- cold compile in a fresh process ----------------------------------------------------------
+
+
+def _child() -> None:
+    """In a fresh process: compile ``argv[1]`` as a session does; print the seconds and the fallbacks."""
+    from cuvil.onnx import InferenceSession
+
+    t0 = time.perf_counter()
+    sess = InferenceSession(sys.argv[1])
+    with np.load(sys.argv[2]) as z:  # a model whose shapes depend on input values compiles on its first run
+        sess.run(None, {k: z[k] for k in z.files})
+    print("CUVIL_BENCH " + json.dumps({"compile_s": time.perf_counter() - t0, "fallbacks": sess.fallbacks}))
+
+
+def cold_compile(path: str, feeds: dict[str, np.ndarray]) -> tuple[float, list[str]]:
+    """Seconds to compile ``path`` (and run it once) in a fresh process with an empty kernel cache, and
+    the fallbacks it took."""
+    from cuvil.errors import CuvilError
+
+    with tempfile.TemporaryDirectory(prefix="cuvil-bench-") as work:
+        npz = os.path.join(work, "feeds.npz")
+        np.savez(npz, **feeds)
+        env = dict(os.environ, CUVIL_CACHE_DIR=os.path.join(work, "kernels"))
+        code = "from cuvil.bench_registry import _child; _child()"
+        proc = subprocess.run([sys.executable, "-c", code, path, npz], env=env, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("CUVIL_BENCH "):
+            out = json.loads(line[len("CUVIL_BENCH "):])
+            return float(out["compile_s"]), list(out["fallbacks"])
+    tail = [x for x in (proc.stderr or proc.stdout).strip().splitlines() if x.strip()][-1:] or ["no output"]
+    raise CuvilError(f"compiling {os.path.basename(path)} in a fresh process failed: {tail[0]}")
+
+
+# -- latency ----------------------------------------------------------------------------------
+
+
+def _ort(path: str, threads: int) -> Any:
+    import onnxruntime as ort  # type: ignore[import-not-found]
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+
+def time_pair(ours: Any, theirs: Any, example: dict[str, np.ndarray], threads: int, rounds: int,
+              budget_s: float) -> tuple[float, float, float, float]:
+    """Median (cuvil cpu, cuvil wall, ort cpu, ort wall) seconds per ``run(None, feeds)``."""
+    rng = np.random.default_rng(1)
+    runs = [lambda f: ours.run(None, f), lambda f: theirs.run(None, f)]
+    for fn in runs:  # warm-up: first-call costs, page faults of the buffers
+        fn(_fresh(example, rng))
+        fn(_fresh(example, rng))
+    samples: list[list[tuple[float, float]]] = [[], []]
+    if threads == 1:  # call by call, alternating which goes first
+        t_end = time.perf_counter() + budget_s
+        k = 0
+        while k < 2 * rounds or (time.perf_counter() < t_end and k < 400):
+            order = (0, 1) if k % 2 == 0 else (1, 0)
+            for e in order:
+                feeds = _fresh(example, rng)
+                samples[e].append(_timed(lambda e=e, feeds=feeds: runs[e](feeds)))
+            k += 1
+    else:  # blocks after a pause
+        per_block = max(3, int(budget_s / max(rounds, 5) / 2 / max(_timed(lambda: runs[0](example))[1], 1e-4)))
+        for r in range(max(rounds, 5)):
+            for e in ((0, 1) if r % 2 == 0 else (1, 0)):
+                time.sleep(SETTLE_S)
+                for _ in range(per_block):
+                    feeds = _fresh(example, rng)
+                    samples[e].append(_timed(lambda e=e, feeds=feeds: runs[e](feeds)))
+    med = [(float(np.median([c for c, _ in s])), float(np.median([w for _, w in s]))) for s in samples]
+    return med[0][0], med[0][1], med[1][0], med[1][1]
+
+
+def bench_one(model: str, exporter: str, config: str, threads: list[int], rounds: int, budget_s: float,
+              cold: bool = True) -> Result:
+    """Measure one registry model as one exporter writes it (see the module docstring)."""
+    import cuvil
+    from cuvil import registry
+    from cuvil.onnx import InferenceSession
+
+    res = Result(model, exporter)
+    path = registry.export(model, config=config, exporter=exporter)
+    example = registry.example_inputs(model, config=config)
+    if cold:
+        res.compile_s, fb = cold_compile(path, example)
+        res.fallbacks = len(fb)
+    sess = InferenceSession(path)
+    if res.fallbacks is None:
+        sess.run(None, example)
+        res.fallbacks = len(sess.fallbacks)
+    for t in threads:
+        theirs = _ort(path, t)
+        cuvil.set_num_threads(t)
+        try:
+            ok, err = _check(sess.run(None, example), theirs.run(None, example))
+            res.ok &= ok
+            res.max_err = max(res.max_err, err)
+            res.latency[t] = time_pair(sess, theirs, example, t, rounds, budget_s)
+        finally:
+            cuvil.set_num_threads(None)
+    return res
+
+
+# -- the table --------------------------------------------------------------------------------
+
+
+def header(threads: list[int]) -> str:
+    cols = "".join(f"{f'{t}T cuvil':>10}{'ort':>9}{'ratio':>7}" for t in threads)
+    return f"{'model':<22}{'exporter':<12}{'cold':>7}{'fb':>4}{cols}  check"
+
+
+def row(r: Result, threads: list[int]) -> str:
+    if r.error:
+        return f"{r.model:<22}{r.exporter:<12}  {r.error}"
+    cols = ""
+    for t in threads:
+        c_cpu, c_wall, o_cpu, o_wall = r.latency[t]
+        ours, theirs = (c_cpu, o_cpu) if t == 1 else (c_wall, o_wall)
+        cols += f"{ours * 1e3:>8.2f}ms{theirs * 1e3:>7.2f}ms{r.ratio(t):>7.2f}"
+    cold = "-" if r.compile_s is None else f"{r.compile_s:.1f}s"
+    fb = "-" if r.fallbacks is None else str(r.fallbacks)
+    check = f"ok ({r.max_err:.1e})" if r.ok else f"MISMATCH ({r.max_err:.1e})"
+    return f"{r.model:<22}{r.exporter:<12}{cold:>7}{fb:>4}{cols}  {check}"
+
+
+def summary(results: list[Result], threads: list[int]) -> list[str]:
+    """Per thread count: the geometric mean of cuvil / onnxruntime, the worst model, how many above 1.15."""
+    lines = []
+    for t in threads:
+        rs = [(r.ratio(t), f"{r.model}/{r.exporter}") for r in results if not r.error and t in r.latency]
+        if not rs:
+            continue
+        geo = math.exp(sum(math.log(x) for x, _ in rs) / len(rs))
+        worst = max(rs)
+        lines.append(f"{t} thread(s): geometric mean cuvil/ort {geo:.3f} over {len(rs)} runs; worst "
+                     f"{worst[0]:.2f} ({worst[1]}); above 1.15: {sum(x > 1.15 for x, _ in rs)}")
+    return lines
+
+
+def _load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+
+
+def run(models: list[str], exporters: list[str], config: str, threads: list[int], rounds: int = 5,
+        budget_s: float = 2.0, cold: bool = True, json_path: str | None = None) -> int:
+    """Benchmark the registry (``models``: all when empty) and print the table; 1 if any failed."""
+    import cuvil
+    from cuvil import registry
+    from cuvil.errors import CuvilError
+
+    models = models or [n for n in registry.names() if n != "gpt2-decode"]
+    tgt = cuvil.Target("llvm")
+    print(f"cuvil {cuvil.__version__} on {tgt.triple} {tgt.cpu}, {os.cpu_count()} cores, load {_load()}; registry "
+          f"config {config!r}; cold = compile in a fresh process, empty kernel cache; fb = fallbacks; 1T: "
+          "median process CPU time per call, alternating call by call; 2T+: median wall time, blocks after a "
+          "pause; ratio = cuvil / ort (> 1: cuvil slower)", flush=True)
+    print(header(threads), flush=True)
+    results = []
+    for model in models:
+        for exporter in exporters:
+            try:
+                r = bench_one(model, exporter, config, threads, rounds, budget_s, cold)
+            except (CuvilError, OSError, ValueError, RuntimeError) as exc:
+                first = (str(exc).strip().splitlines() or [""])[0][:160]
+                r = Result(model, exporter, error=f"{type(exc).__name__}: {first}")
+            results.append(r)
+            print(row(r, threads), flush=True)
+    for line in summary(results, threads):
+        print(line)
+    print(f"load average after: {_load()}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump([r.__dict__ for r in results], f, indent=1)
+    return 1 if any(r.error or not r.ok for r in results) else 0
