@@ -152,6 +152,34 @@ def test_a_gelu_after_a_reshaped_gemm_computes_before_the_reshape_and_fuses_into
     assert [len(grp.members) for grp in fusion_groups(g) if len(grp.members) > 1] == [9]  # Gemm + the GELU
 
 
+def test_a_squeeze_and_excitation_mean_reads_the_channels_last_value_as_it_is():
+    """EfficientNet's SE block: ``x.mean((2, 3), keepdim=True)`` is ReduceMean (axes as an input since
+    opset 18); on a channels-last value it is a global average pool, not a transpose back to NCHW."""
+    c = 16
+    inits = {"Wd": rng.standard_normal((c, 1, 3, 3)), "Wdown": rng.standard_normal((4, c, 1, 1)) * 0.3,
+             "Wup": rng.standard_normal((c, 4, 1, 1)) * 0.3, "Wp": rng.standard_normal((8, c, 1, 1)) * 0.3,
+             "axes": np.array([-2, -1])}
+    nodes = [
+        helper.make_node("Conv", ["x", "Wd"], ["d"], group=c, pads=[1, 1, 1, 1]),
+        helper.make_node("ReduceMean", ["d", "axes"], ["m"]),
+        helper.make_node("Conv", ["m", "Wdown"], ["s1"]),
+        helper.make_node("Relu", ["s1"], ["s2"]),
+        helper.make_node("Conv", ["s2", "Wup"], ["s3"]),
+        helper.make_node("Sigmoid", ["s3"], ["s4"]),
+        helper.make_node("Mul", ["d", "s4"], ["e"]),
+        helper.make_node("Conv", ["e", "Wp"], ["p"]),
+        helper.make_node("Relu", ["p"], ["y"]),
+    ]
+    model = _model(nodes, [("x", [1, c, 9, 9])], ["y"], inits)
+    model.opset_import[0].version = 18
+    for t in model.graph.initializer:
+        if t.name == "axes":
+            t.CopyFrom(onnx.numpy_helper.from_array(np.array([-2, -1], np.int64), "axes"))
+    _check(model, {"x": rng.standard_normal((1, c, 9, 9)).astype(np.float32)},
+           ["CuvilConvNHWC", "CuvilGlobalAveragePoolNHWC", "CuvilConvNHWC", "Relu", "CuvilConvNHWC", "Sigmoid",
+            "Mul", "CuvilConvNHWC", "Transpose", "Relu"])
+
+
 def test_dense_3x3_convs_after_channels_last_values_read_them_back_in_nchw():
     c = 8
     inits = {"Ws": rng.standard_normal((c, 3, 3, 3)) * 0.3, "Wd": rng.standard_normal((c, 1, 3, 3)),

@@ -282,12 +282,24 @@ def _pays(g: Graph) -> bool:
     return any(_depthwise(n, g) for n in g.nodes)
 
 
+def _spatial_mean(n: Node, g: Graph) -> bool:
+    """A ``ReduceMean`` of a 4-D value over its two spatial axes that keeps them (a global average pool)."""
+    if n.op_type != "ReduceMean" or n.domain or len(n.outputs) != 1 or int(n.attrs.get("keepdims", 1)) != 1:
+        return False
+    axes = n.attrs.get("axes")
+    if len(n.inputs) > 1 and n.inputs[1]:
+        a = _const(g, n.inputs[1])
+        axes = None if a is None else a.reshape(-1).tolist()
+    return axes is not None and sorted(int(x) % 4 for x in axes) == [2, 3]
+
+
 def channels_last(g: Graph) -> Graph:
     """In a model with depthwise convolutions, 2-D convolutions (depthwise, or ``group`` 1 as
     :func:`_dense_nhwc` says; constant weights) compute channels-last: ``Conv`` -> ``CuvilConvNHWC``
     (cuvil/graph/ops/layout.py), element-wise nodes between them (scalar constants only)
     keep the layout, a
-    ``GlobalAveragePool`` of a channels-last value reads it as it is, and any other reader gets a
+    ``GlobalAveragePool`` (or a ``ReduceMean`` over H and W that keeps them) of a channels-last value
+    reads it as it is, and any other reader gets a
     ``Transpose`` back to NCHW.  Graph outputs stay NCHW."""
     if not _pays(g):
         return g
@@ -327,6 +339,8 @@ def channels_last(g: Graph) -> Graph:
             nhwc.add(out)
         elif n.op_type == "GlobalAveragePool" and not n.domain and n.inputs[0] in nhwc:
             nodes.append(replace(n, op_type="CuvilGlobalAveragePoolNHWC"))
+        elif _spatial_mean(n, g) and n.inputs[0] in nhwc:  # squeeze-and-excitation: x.mean((2, 3), keepdim=True)
+            nodes.append(Node("CuvilGlobalAveragePoolNHWC", n.name, n.inputs[:1], n.outputs))
         else:
             ins = tuple(nchw(x) if x else x for x in n.inputs)
             nodes.append(replace(n, inputs=ins) if ins != n.inputs else n)
