@@ -180,6 +180,30 @@ def test_a_squeeze_and_excitation_mean_reads_the_channels_last_value_as_it_is():
             "Mul", "CuvilConvNHWC", "Transpose", "Relu"])
 
 
+def test_the_models_own_transposes_around_a_layernorm_cancel_against_channels_last():
+    """ConvNeXt: depthwise 7x7 (NCHW) -> permute(0, 2, 3, 1) -> LayerNorm -> Linear -> permute(0, 3, 1,
+    2) -> residual Add: with the depthwise convolution channels-last, no transpose is left."""
+    c = 8
+    inits = {"Wd": rng.standard_normal((c, 1, 7, 7)) * 0.2, "Bd": rng.standard_normal(c),
+             "g": rng.uniform(0.5, 1.5, c), "b": rng.standard_normal(c), "W": rng.standard_normal((c, c)) * 0.3,
+             "Wd2": rng.standard_normal((c, 1, 3, 3)) * 0.3}
+    nodes = [
+        helper.make_node("Conv", ["x", "Wd2"], ["x1"], group=c, pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["x1", "Wd", "Bd"], ["d"], group=c, pads=[3, 3, 3, 3]),
+        helper.make_node("Transpose", ["d"], ["t"], perm=[0, 2, 3, 1]),
+        helper.make_node("LayerNormalization", ["t", "g", "b"], ["n"], axis=-1, epsilon=1e-6),
+        helper.make_node("MatMul", ["n", "W"], ["m"]),
+        helper.make_node("Transpose", ["m"], ["back"], perm=[0, 3, 1, 2]),
+        helper.make_node("Add", ["x1", "back"], ["r"]),
+        helper.make_node("Conv", ["r", "Wd2"], ["r2"], group=c, pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["r2"], ["y"]),
+    ]
+    model = _model(nodes, [("x", [1, c, 10, 10])], ["y"], inits)
+    _check(model, {"x": rng.standard_normal((1, c, 10, 10)).astype(np.float32)},
+           ["CuvilConvNHWC", "CuvilConvNHWC", "LayerNormalization", "MatMul", "Add", "CuvilConvNHWC", "Transpose",
+            "Relu"])
+
+
 def test_dense_3x3_convs_after_channels_last_values_read_them_back_in_nchw():
     c = 8
     inits = {"Ws": rng.standard_normal((c, 3, 3, 3)) * 0.3, "Wd": rng.standard_normal((c, 1, 3, 3)),

@@ -84,6 +84,7 @@ def emit_graph(module: Any, kernels: Sequence[LoweredFunc], calls: Sequence[Kern
             src = b.gep(slots, [ir.Constant(I64, s)], inbounds=True, source_etype=PTR)
             dst = b.gep(argv, [ir.Constant(I64, 0), ir.Constant(I64, i)], inbounds=True)
             b.store(b.load(src, typ=PTR), dst)
+        kfn.attributes.add("noinline")
         rc = b.call(kfn, [b.bitcast(argv, PTR), ir.Constant(PTR, None)])
         ok = fn.append_basic_block(f"call{n}.ok")
         status.add_incoming(rc, b.block)

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from cuvil.graph.expand_rnn import expand_rnn
 from cuvil.graph.ir import Graph, Node
 
 Pass = Callable[[Graph], Graph]
@@ -293,62 +294,87 @@ def _spatial_mean(n: Node, g: Graph) -> bool:
     return axes is not None and sorted(int(x) % 4 for x in axes) == [2, 3]
 
 
+def _perm(n: Node) -> list[int] | None:
+    """The permutation of a 4-D ``Transpose`` node, else None."""
+    if n.op_type != "Transpose" or n.domain or len(n.outputs) != 1:
+        return None
+    perm = n.attrs.get("perm")
+    return [int(p) for p in perm] if perm is not None and len(perm) == 4 else None
+
+
 def channels_last(g: Graph) -> Graph:
     """In a model with depthwise convolutions, 2-D convolutions (depthwise, or ``group`` 1 as
     :func:`_dense_nhwc` says; constant weights) compute channels-last: ``Conv`` -> ``CuvilConvNHWC``
     (cuvil/graph/ops/layout.py), element-wise nodes between them (scalar constants only)
-    keep the layout, a
-    ``GlobalAveragePool`` (or a ``ReduceMean`` over H and W that keeps them) of a channels-last value
-    reads it as it is, and any other reader gets a
-    ``Transpose`` back to NCHW.  Graph outputs stay NCHW."""
+    keep the layout, a ``GlobalAveragePool`` (or a ``ReduceMean`` over H and W that keeps them) of a
+    channels-last value reads it as it is, and any other reader gets a ``Transpose`` back to NCHW.
+    Graph outputs stay NCHW.
+
+    The model's own transposes between the layouts cancel against this: ``Transpose(x, [0, 3, 1,
+    2])`` (an NHWC value made NCHW, as ConvNeXt does around its LayerNorms) is ``x``'s buffer seen as a
+    channels-last value, and ``Transpose(y, [0, 2, 3, 1])`` of a channels-last ``y`` is ``y``'s buffer
+    itself; each is written only if a reader needs it."""
     if not _pays(g):
         return g
     from cuvil.graph.fuse import ELEMENTWISE
 
     outputs = {v.name for v in g.outputs}
     taken: dict[str, Any] = {**g.initializers, **{o: 0 for n in g.nodes for o in n.outputs}}
-    nhwc: set[str] = set()
+    phys: dict[str, str] = {}  # a value computed channels-last -> its buffer (NHWC shape)
+    deferred: dict[str, Node] = {}  # the model's transposes to NCHW, written when an NCHW reader needs them
+    rename: dict[str, str] = {}  # a transpose to NHWC of a channels-last value -> that value's buffer
     back: dict[str, str] = {}
     nodes: list[Node] = []
 
     def nchw(x: str) -> str:
-        if x not in nhwc:
+        if x not in phys:
             return x
+        if x in deferred:
+            nodes.append(deferred.pop(x))
+            back[x] = x
         if x not in back:
             back[x] = _fresh(taken, x + ".nchw")
             taken[back[x]] = 0
-            nodes.append(Node("Transpose", back[x], (x,), (back[x],), {"perm": [0, 3, 1, 2]}))
+            nodes.append(Node("Transpose", back[x], (phys[x],), (back[x],), {"perm": [0, 3, 1, 2]}))
         return back[x]
 
     def scalar(x: str) -> bool:
         c = _const(g, x)
         return c is not None and c.size == 1
 
+    def buf(x: str) -> str:  # what a reader that takes either layout reads
+        return phys[x] if x in phys else rename.get(x, x)
+
     for n in g.nodes:
         out = n.outputs[0] if n.outputs else ""
         w = _const(g, n.inputs[1]) if n.op_type == "Conv" and not n.domain and len(n.inputs) > 1 else None
         if (w is not None and w.ndim == 4 and out not in outputs and len(n.outputs) == 1
                 and n.attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET")
-                and (_dense_nhwc(w, n.inputs[0] in nhwc, n) or _depthwise(n, g))):
-            attrs = {**n.attrs, "in_layout": "NHWC" if n.inputs[0] in nhwc else "NCHW"}
-            nodes.append(replace(n, op_type="CuvilConvNHWC", attrs=attrs))
-            nhwc.add(out)
+                and (_dense_nhwc(w, n.inputs[0] in phys, n) or _depthwise(n, g))):
+            attrs = {**n.attrs, "in_layout": "NHWC" if n.inputs[0] in phys else "NCHW"}
+            nodes.append(replace(n, op_type="CuvilConvNHWC", attrs=attrs, inputs=tuple(buf(x) for x in n.inputs)))
+            phys[out] = out
+        elif _perm(n) == [0, 3, 1, 2] and out not in outputs and n.inputs[0] not in phys:
+            phys[out] = buf(n.inputs[0])
+            deferred[out] = replace(n, inputs=(phys[out],))
+        elif _perm(n) == [0, 2, 3, 1] and out not in outputs and n.inputs[0] in phys:
+            rename[out] = phys[n.inputs[0]]
         elif (not n.domain and n.op_type in ELEMENTWISE and out not in outputs and len(n.outputs) == 1
-              and any(x in nhwc for x in n.inputs) and all(not x or x in nhwc or scalar(x) for x in n.inputs)):
-            nodes.append(n)
-            nhwc.add(out)
-        elif n.op_type == "GlobalAveragePool" and not n.domain and n.inputs[0] in nhwc:
-            nodes.append(replace(n, op_type="CuvilGlobalAveragePoolNHWC"))
-        elif _spatial_mean(n, g) and n.inputs[0] in nhwc:  # squeeze-and-excitation: x.mean((2, 3), keepdim=True)
-            nodes.append(Node("CuvilGlobalAveragePoolNHWC", n.name, n.inputs[:1], n.outputs))
+              and any(x in phys for x in n.inputs) and all(not x or x in phys or scalar(x) for x in n.inputs)):
+            nodes.append(replace(n, inputs=tuple(buf(x) for x in n.inputs)))
+            phys[out] = out
+        elif ((n.op_type == "GlobalAveragePool" and not n.domain) or _spatial_mean(n, g)) and n.inputs[0] in phys:
+            # (a ReduceMean over H and W: squeeze-and-excitation's x.mean((2, 3), keepdim=True))
+            nodes.append(Node("CuvilGlobalAveragePoolNHWC", n.name, (phys[n.inputs[0]],), n.outputs))
         else:
-            ins = tuple(nchw(x) if x else x for x in n.inputs)
+            ins = tuple(nchw(x) if x in phys else rename.get(x, x) for x in n.inputs)
             nodes.append(replace(n, inputs=ins) if ins != n.inputs else n)
     return _with(g, nodes)
 
 
 PASSES: tuple[tuple[str, Pass], ...] = (
     ("constants as initializers", constants_as_initializers),
+    ("expand recurrent nodes", expand_rnn),
     ("remove identities", remove_identities),
     ("element-wise before reshapes", elementwise_before_reshapes),
     ("fold batch normalization", fold_batchnorm),

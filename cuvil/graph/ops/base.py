@@ -61,10 +61,12 @@ def supported_ops() -> list[str]:
 def _load_families() -> None:
     from cuvil.graph.ops import (  # noqa: F401
         arith,
+        convt,
         layout,
         nn,
         reduce,
         resize,
+        rnn,
         shape,
     )
 

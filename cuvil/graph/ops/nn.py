@@ -4,6 +4,7 @@ LogSoftmax and LayerNormalization."""
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import numpy as np
@@ -244,7 +245,7 @@ def gemm(ctx: NodeCtx) -> list:
     if ctx.known(1) and len(ctx.shape(1)) == 2:
         # constant weights are packed at compile time: panels of columns the register tile reads whole
         w = np.asarray(ctx.entries[1])
-        panels = _weight_panels(ctx, w.T if tb else w)
+        panels = _weight_panels(ctx, w.T if tb else w, ctx.entries[1], ("gemm", tb))
     if panels is not None:
         B, tb, b_shape = None, 0, ctx.shape(1)[::-1] if tb else ctx.shape(1)
     elif tb and ctx.known(1) and len(ctx.shape(1)) == 2:
@@ -320,10 +321,16 @@ def matmul(ctx: NodeCtx) -> list:
     return [te.compute(out, body, name="matmul")]
 
 
-def _weight_panels(ctx: NodeCtx, w: np.ndarray) -> Any:
+_PANELS: dict[tuple, tuple[Any, np.ndarray]] = {}  # (id(source), how) -> (weak reference to source, panels)
+
+
+def _weight_panels(ctx: NodeCtx, w: np.ndarray, source: Any = None, how: Any = None) -> Any:
     """Constant weights ``W[k, j]`` packed at compile time into panels ``[j // P, k, j % P]`` (P = two
     vectors of the target, the auto-scheduler's tile width), as a read function ``(k, j) -> W[k, j]``;
-    None when the weights are too narrow for one panel or the target is not a CPU."""
+    None when the weights are too narrow for one panel or the target is not a CPU.
+
+    ``source`` (the graph's array ``w`` was taken from, by ``how``) packs it once for every node
+    that reads it (an unrolled LSTM's 64 steps): one packing, and one constant buffer in the module."""
     tgt = ctx.target
     if tgt is None or getattr(tgt, "kind", "") != "llvm" or w.ndim != 2:
         return None
@@ -331,16 +338,26 @@ def _weight_panels(ctx: NodeCtx, w: np.ndarray) -> Any:
     kk, n = w.shape
     if n < p or w.dtype.kind != "f":
         return None
-    q = -(-n // p)
-    panels = np.zeros((q * p, kk), w.dtype)
-    panels[:n] = w.T
-    Wp = ctx.constant(np.ascontiguousarray(panels.reshape(q, p, kk).transpose(0, 2, 1)), keyed=False)
+    key = (id(source), how, w.shape, p)
+    hit = _PANELS.get(key) if source is not None else None
+    if hit is not None and hit[0]() is source:
+        packed = hit[1]
+    else:
+        q = -(-n // p)
+        panels = np.zeros((q * p, kk), w.dtype)
+        panels[:n] = w.T
+        packed = np.ascontiguousarray(panels.reshape(q, p, kk).transpose(0, 2, 1))
+        if isinstance(source, np.ndarray):
+            _PANELS[key] = (weakref.ref(source), packed)
+            weakref.finalize(source, _PANELS.pop, key, None)
+    Wp = ctx.constant(packed, keyed=False)
     return lambda k, j: Wp[j // p, k, j % p]
 
 
 def _matmul_view(ctx: NodeCtx, a_s: tuple[int, ...], b_s: tuple[int, ...], out: tuple[int, ...]) -> Shaped:
     k = te.reduce_axis((0, a_s[-1]), name="k")
-    panels = _weight_panels(ctx, np.asarray(ctx.entries[1]).reshape(b_s)) if len(a_s) == 2 and ctx.known(1) else None
+    panels = (_weight_panels(ctx, np.asarray(ctx.entries[1]).reshape(b_s), ctx.entries[1], "matmul")
+              if len(a_s) == 2 and ctx.known(1) else None)
     if panels is not None:
         A = ctx.tensor(0, a_s)
         y = te.compute((a_s[0], b_s[1]), lambda i, j: te.sum(A[i, k] * panels(k, j), axis=k), name="matmul")
