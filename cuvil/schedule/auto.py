@@ -208,7 +208,8 @@ class AutoScheduler(PlainStrategies):
         if best.pack_dim is None or best.panel is not None:
             return best  # no copy to pay for (an operand already in panels: constant filters of a model)
         first = cands[0]
-        if first.pack_dim is None and self._intensity(first, op) * PACK_GAIN >= self._intensity(best, op):
+        if first.pack_dim is None and (const_int(first.i.extent) == 1  # one row: every panel is read once
+                                       or self._intensity(first, op) * PACK_GAIN >= self._intensity(best, op)):
             return first
         return best
 
@@ -325,6 +326,8 @@ class AutoScheduler(PlainStrategies):
             return None
         if c.pack_dim is None and math.prod(shape) < 64 * 1024:
             return None  # optional packing of a small operand costs more than its panels save
+        if c.pack_dim is None and const_int(c.i.extent) == 1:
+            return None  # one row of tiles reads each panel once: packing would only copy it
         if c.pack_dim is None and op is not None and self._short_tile_rows(op, c, nr):
             return None  # the unpacked panel already sits in L1: packing costs a copy and saves nothing
         idx = c.vector.indices

@@ -136,9 +136,17 @@ def conv_nhwc(ctx: NodeCtx) -> list:
 def global_average_pool_nhwc(ctx: NodeCtx) -> list:
     _float_input(ctx)
     n, h, w, c = ctx.shape(0)
-    X = ctx.tensor(0, (n, h * w, c))
     r = te.reduce_axis((0, h * w), name="r")
-    s = te.compute((n, c), lambda i, ch: te.sum(X[i, r, ch], axis=r), name="gap_sum")
+    if n == 1:
+        # a contraction with a row of ones (exact: 1 * x is x), so the auto-scheduler keeps the channels
+        # in vector lanes with the pixels outside; as a plain reduction over the pixels it read the
+        # channels-last input one strided element at a time (EfficientNet's 112x112x32 mean: 0.38 ms)
+        X2 = ctx.tensor(0, (h * w, c))
+        ones = ctx.constant(np.ones((1, h * w), dtype=np.dtype(ctx.dtype(0))), keyed=False)
+        s = te.compute((n, c), lambda i, ch: te.sum(ones[i, r] * X2[r, ch], axis=r), name="gap_sum")
+    else:
+        X = ctx.tensor(0, (n, h * w, c))
+        s = te.compute((n, c), lambda i, ch: te.sum(X[i, r, ch], axis=r), name="gap_sum")
     y = te.compute((n, c), lambda i, ch: s[i, ch] * (1.0 / (h * w)), name="gap")
     return [Shaped(y, (n, c, 1, 1))]
 
