@@ -10,6 +10,8 @@ For each model it prints
   to that many threads (cuvil: ``cuvil.set_num_threads``; onnxruntime: ``intra_op_num_threads``,
   one inter-op thread), timed in interleaved rounds, and the ratio onnxruntime / cuvil (> 1: cuvil
   is faster),
+- how many kernels fell back to a plainer schedule than planned (``CompiledGraph.fallbacks``: isl
+  refused a strategy or gave up; each one is listed under the model's row),
 - whether the outputs agree (rtol 1e-3, atol 1e-4 of the output's magnitude).
 
 With no model it runs the onnx wheel's light models that compile in reasonable time (:data:`LIGHT`)
@@ -63,6 +65,7 @@ class ModelResult:
     error: str = ""
     profile: str = ""  # the slowest kernel calls at the first thread count (--profile)
     untuned: dict[int, float] = field(default_factory=dict)  # with a tuning database: threads -> untuned s
+    fallbacks: list[str] = field(default_factory=list)  # kernels that took a plainer schedule (prog.fallbacks)
 
 
 # -- models and inputs ----------------------------------------------------------------------------
@@ -229,6 +232,7 @@ def bench_one(name: str, threads: list[int], cold: bool = True, rounds: int = 5,
                 else:
                     os.environ["CUVIL_CACHE_DIR"] = saved
         res.nodes, res.calls, res.kernels = len(graph.nodes), prog.n_calls, prog.n_kernels
+        res.fallbacks = [str(f) for f in prog.fallbacks]
         res.arena_bytes, res.total_bytes = prog.memory.arena_bytes, prog.memory.total_bytes
         names = [v.name for v in graph.outputs]
         run_feeds = {n: a for n, a in feeds.items() if n in {v.name for v in graph.feeds}}
@@ -277,7 +281,7 @@ def header(threads: list[int], tuned: bool = False) -> str:
     cols = "".join(f"{f'{t}T cuvil':>11}{'ort':>9}{'ratio':>7}" + (f"{'untuned':>10}" if tuned else "")
                    for t in threads)
     return (f"{'model':<20}{'nodes->calls(kernels)':>22}{'cold':>8}{'warm':>7}{'here':>7}"
-            f"{'arena/sum MiB':>15}{cols}  check")
+            f"{'arena/sum MiB':>15}{cols}{'fallbacks':>10}  check")
 
 
 def row(r: ModelResult, threads: list[int]) -> str:
@@ -292,7 +296,8 @@ def row(r: ModelResult, threads: list[int]) -> str:
     shape = f"{r.nodes}->{r.calls}({r.kernels})"
     check = f"ok ({r.max_err:.1e})" if r.ok else f"MISMATCH ({r.max_err:.1e})"
     return (f"{r.name:<20}{shape:>22}{_fmt_s(r.compile_cold_s):>8}{_fmt_s(r.compile_warm_s):>7}"
-            f"{_fmt_s(r.compile_here_s):>7}{_mib(r.arena_bytes) + '/' + _mib(r.total_bytes):>15}{cols}  {check}")
+            f"{_fmt_s(r.compile_here_s):>7}{_mib(r.arena_bytes) + '/' + _mib(r.total_bytes):>15}{cols}"
+            f"{len(r.fallbacks):>10}  {check}")
 
 
 def run(models: list[str], threads: list[int], cold: bool = True, rounds: int = 5, profile_top: int = 0,
@@ -324,6 +329,8 @@ def run(models: list[str], threads: list[int], cold: bool = True, rounds: int = 
             r = ModelResult(name, error=f"{type(exc).__name__}: {exc}")
         failed |= bool(r.error) or not r.ok
         print(row(r, threads), flush=True)
+        for f in r.fallbacks:  # counted in the row; each one named under it
+            print(f"    fallback: {f}", flush=True)
         profiles.append(r.profile)
     for text in filter(None, profiles):
         print(f"\n{text}")

@@ -109,7 +109,8 @@ def compile_cmd(args: argparse.Namespace) -> int:
     if args.dump:
         print(dump_calls(prog, loops=args.dump == "loops"))
     print(f"{n_imported} nodes ({len(graph.nodes)} after the graph passes) -> {prog.n_calls} kernel calls "
-          f"({prog.n_kernels} distinct kernels) in one native module; compiled in {dt:.1f} s")
+          f"({prog.n_kernels} distinct kernels) in one native module; compiled in {dt:.1f} s"
+          + (f"; {len(prog.fallbacks)} fallback(s) (--dump lists them)" if prog.fallbacks else ""))
     print(f"  {prog.memory}")
     if args.output and args.output.endswith(".so"):
         from cuvil.onnx import InferenceSession
@@ -152,7 +153,9 @@ def _slot_str(prog: Any, k: int) -> str:
 
 def dump_calls(prog: Any, loops: bool = False) -> str:
     """The compiled graph's kernel calls in order (kernel, what it computes, its buffers: slot, dtype,
-    elements, kind), the memory plan's arena offsets of temporaries, and optionally every kernel's loops."""
+    elements, kind), the memory plan's arena offsets of temporaries, the fallbacks (kernels whose
+    automatic schedule isl refused in part or whole: ``prog.fallbacks``), and optionally every
+    kernel's loops."""
     lines = [f"== kernel calls ({prog.n_calls} calls of {prog.n_kernels} kernels)"]
     offsets = prog.memory.offsets
     for call, label in zip(prog.kernel_calls, prog.labels):
@@ -162,6 +165,9 @@ def dump_calls(prog: Any, loops: bool = False) -> str:
             lines.append(f"      {_slot_str(prog, k)}{at}")
     outs = ", ".join(f"{n} = %{e.slot}" if hasattr(e, "slot") else f"{n} = constant" for n, e in prog.outputs)
     lines.append(f"  outputs: {outs}")
+    fallbacks = list(getattr(prog, "fallbacks", ()))
+    lines.append(f"== fallbacks ({len(fallbacks)}: kernels that took a plainer schedule than planned)")
+    lines += [f"  {f}" for f in fallbacks]
     if loops:
         for f in prog.kernel_funcs:
             lines.append(f"== kernel {f.name}\n{f}")

@@ -4,8 +4,9 @@
 fastest correct record for the canonical target (the current thread count's when there is
 one; records of an older knob space when the current one has none), and replays that record's
 trace on a fresh schedule of the computation: ``s``'s own steps are replaced, and the log says
-so (logger ``cuvil.autotune``).  Names in the trace are translated when this program spells its
-tensors or axes differently from the tuned one.
+so (logger ``cuvil.autotune``); a record that no longer replays is a fallback of the given schedule
+(``s.fallbacks``, logger ``cuvil.schedule``).  Names in the trace are translated when this program spells
+its tensors or axes differently from the tuned one.
 With no record, ``s`` is returned unchanged and the build is what it would have been.
 """
 
@@ -16,7 +17,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from cuvil.errors import ArgumentError, ScheduleError
+from cuvil.errors import ArgumentError
 
 log = logging.getLogger("cuvil.autotune")
 
@@ -74,6 +75,7 @@ def apply_best(s: Any, args: Sequence[Any], target: Any, tuning_db: Any) -> Any:
     from cuvil.autotune.database import Database
     from cuvil.autotune.workload import workload_of
     from cuvil.runtime.threads import get_num_threads
+    from cuvil.schedule.fallback import REFUSED, fall_back
     from cuvil.schedule.schedule import Schedule
     from cuvil.schedule.trace import replay, trace_from_json
     from cuvil.te.tensor import PlaceholderOp, Tensor
@@ -111,9 +113,13 @@ def apply_best(s: Any, args: Sequence[Any], target: Any, tuning_db: Any) -> Any:
         fresh = Schedule(outs)
         try:
             replay(fresh, steps)
-        except ScheduleError as exc:
-            log.warning("tuning_db: the best record of %s does not replay (%s); building the given schedule",
-                        wl.describe(), exc)
+        except REFUSED as exc:  # a tuned schedule lost: a loss (WARNING, logger cuvil.schedule)
+            if isinstance(s, Schedule):
+                fall_back(s, wl.describe(), "tuning_db: replaying the best record", exc,
+                          "building the given schedule instead")
+            else:
+                log.warning("tuning_db: the best record of %s does not replay (%s); building the given schedule",
+                            wl.describe(), exc)
             return s
         log.info("tuning_db: replaced the %d steps of the given schedule with the %d steps of the best record "
                  "of %s (%.3f ms at %d threads)", len(getattr(s, "trace", [])), len(steps), wl.describe(),

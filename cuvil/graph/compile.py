@@ -178,21 +178,27 @@ def _node_key(ctx: NodeCtx, target: str) -> tuple:
 def lower_kernel(what: str, args: list[Any], placeholders: list[Any], target: Any, tuning_db: Any = None
                  ) -> tuple[Any, str | None]:
     """The loop IR of one kernel (``what`` names its node or fused nodes in errors), and why it took a
-    plainer schedule than the automatic one (None when it did not).  With ``tuning_db``, the best tuning
-    record of the kernel's computation replaces the automatic schedule when there is one."""
+    plainer schedule than the automatic one (None when it did not): the te order, or the strategies the
+    automatic scheduler lost (its schedule's ``fallbacks``, already logged; alternatives it searched
+    through are not counted).  With ``tuning_db``, the best tuning record of the kernel's computation
+    replaces the automatic schedule when there is one."""
     import cuvil
     from cuvil import te
     from cuvil.errors import ScheduleError
+    from cuvil.schedule.fallback import scheduling
 
     outputs = [a for a in args if not any(a is p for p in placeholders)]
     try:
         try:
-            s = cuvil.auto_schedule(args, target)
-            if tuning_db is not None:
-                from cuvil.autotune.replay import apply_best
+            with scheduling(what):  # its fallbacks' log lines name the node
+                s = cuvil.auto_schedule(args, target)
+                if tuning_db is not None:
+                    from cuvil.autotune.replay import apply_best
 
-                s = apply_best(s, args, target, tuning_db)
-            return cuvil.lower(s, args, name="k"), None
+                    s = apply_best(s, args, target, tuning_db)  # a replayed record: a fresh schedule
+            func = cuvil.lower(s, args, name="k")
+            lost = [str(f) for f in getattr(s, "fallbacks", ()) if f.loss]
+            return func, (f"its automatic schedule fell back: {'; '.join(lost)}" if lost else None)
         except (ScheduleError, IslBudgetError) as exc:
             why = f"its automatic schedule failed ({_first_line(exc)}); compiled in the te order"
             log.warning("%s: %s", what, why)

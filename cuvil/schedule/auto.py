@@ -33,7 +33,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cuvil.errors import ArgumentError, ScheduleError
+from cuvil.errors import ArgumentError
 from cuvil.ir.expr import IterVar, TensorRead
 from cuvil.ir.functor import walk
 from cuvil.schedule.auto_plain import PlainStrategies, _dtype_bytes, _elementwise, _readers
@@ -44,6 +44,7 @@ from cuvil.schedule.contraction import (
     contraction_candidates,
     find_contraction,  # noqa: F401  (re-exported: the tests and users look for it here)
 )
+from cuvil.schedule.fallback import REFUSED, fall_back
 from cuvil.schedule.schedule import Schedule, Stage
 from cuvil.te.tensor import ComputeOp, PlaceholderOp, Tensor
 
@@ -64,6 +65,14 @@ def _reads_at_own_axes(s: Schedule, reader: Stage, producer: Stage) -> bool:
     axes = reader.op.axis
     return bool(reads) and all(len(r.indices) == len(axes) and all(a is b for a, b in zip(r.indices, axes))
                                for r in reads)
+
+
+def _untouched(st: Stage) -> bool:
+    """``st`` still has its te loops and stores each element at its own axes (no schedule has claimed it:
+    a packing copy of a matmul's operand has split loops and panels, and is no epilogue of its producer)."""
+    return (not st.relations and not st.kinds and len(st.leaves) == len(st.roots)
+            and all(a is b for a, b in zip(st.leaves, st.roots))
+            and all(a is b for a, b in zip(st.op.store_indices, st.op.axis)))
 
 
 def _reduction_loops(c: Contraction) -> int:
@@ -112,16 +121,20 @@ class AutoScheduler(PlainStrategies):
                 try:
                     with s.deferred_checks(self.outputs):  # legal by construction: isl checks it once
                         done.update(self.contraction(st, c, k))
-                except ScheduleError:  # undone: the stage gets the plain reduction strategy below
-                    pass
+                except REFUSED as exc:  # undone: the stage gets the plain reduction strategy below
+                    # a loss (WARNING) when this scheduler chose the tile; with knobs the autotuner proposed,
+                    # a combination isl refuses is part of its search (DEBUG)
+                    fall_back(s, st, "register-tiled contraction", exc, "the plain reduction strategy instead",
+                              loss=not k)
         rows = self._row_members(done)
         if rows:
             try:
                 with s.deferred_checks(self.outputs):  # per-row chains: legal by construction, checked once
                     self._fuse_rows(rows, done)
                 done.update(rows)
-            except ScheduleError:  # undone: each stage gets its own loop nest below
-                pass
+            except REFUSED as exc:  # undone: each stage gets its own loop nest below (a loss: WARNING)
+                names = ", ".join(st.name for st in s.compute_stages if id(st) in rows)
+                fall_back(s, names, "per-row chain", exc, "each stage in a loop nest of its own instead")
         for st in reversed(list(s.compute_stages)):
             if st.attach != "root" or id(st) in done:
                 continue
@@ -227,6 +240,7 @@ class AutoScheduler(PlainStrategies):
         epilogue = (
             len(readers) == 1 and _elementwise(readers[0]) and readers[0].attach == "root"
             and not any(st is o for o in self.outputs) and _reads_at_own_axes(s, readers[0], st)
+            and _untouched(readers[0])  # not a packing copy of another contraction (its loops are set)
         )
         ps = None
         if pack is not None:
@@ -255,9 +269,17 @@ class AutoScheduler(PlainStrategies):
         # could not be versioned apart (full tiles then keep constant inner bounds)
         tail = {id(io)} if (const_int(oi.extent) or 1) % mr else set()
         tail |= {id(jo)} if (const_int(oj.extent) or 1) % nr else set()
-        if c.pack_dim is not None and rest and const_int(io.extent) != 1:
-            tail.add(id(io))  # row tiles stay a loop of their own: isl's AST for a tile index folded into
-            # three or more loops is full of cases
+        if panels_outer and rest and const_int(io.extent) != 1 and (c.pack_dim is not None or (
+                const_int(jo.extent) != 1 and any(const_int(a.extent) != 1 for a in rest))):
+            # row tiles stay a loop of their own under outermost column panels: a fused index
+            # ``A * floor(f / 32) + B * y + floor(x / 7)`` (a tile index under a plain loop under another
+            # tile index) is one isl's AST generator cannot invert: the statements' arguments become pages
+            # of nested divisions, and its search takes seconds (96->192 2x2 stride-2 at 56x56: 10 s) to
+            # minutes past the operation bound (192->384 at 28x28, ConvNeXt-T's downsample, filters stored
+            # in panels by the model). Panels and rows fused without the row tiles, or a tile index
+            # innermost with no plain loop before it, take milliseconds; the order of execution is the
+            # same, the parallel loop has fewer iterations (168 here)
+            tail.add(id(io))
         loops = [order[0]]
         for a in order[1:]:
             prev = loops[-1]
@@ -352,7 +374,8 @@ def auto_schedule(args: Sequence[Any], target: Any = "llvm",
     """A schedule for the program whose arguments are ``args`` (computed tensors are outputs).
 
     ``knobs`` (for the autotuner) overrides choices per stage name; :func:`knob_space` lists them.
-    A combination that is not legal leaves that stage to the plain strategy (isl decides).
+    A combination that is not legal leaves that stage to the plain strategy (isl decides).  Every strategy
+    isl refused is in the returned schedule's ``fallbacks`` (:mod:`cuvil.schedule.fallback`).
     """
     if not isinstance(args, (list, tuple)):
         raise ArgumentError("auto_schedule needs the argument list, e.g. [A, B, C]")

@@ -27,7 +27,8 @@ choice legal (``bind`` loops carry no dependence) and the trace records it:
    (``cache_write`` computed at the thread's loop).
 
 A stage whose strategy isl refuses keeps its loops (a kernel on one thread)
-rather than failing: correct, and slow; ``cuvil.lower`` shows it.
+rather than failing: correct, and slow; ``cuvil.lower`` shows it, and the
+schedule's ``fallbacks`` and the ``cuvil.schedule`` log say so.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from cuvil.ir.expr import IterVar, Reduce, TensorRead
 from cuvil.ir.functor import free_vars, walk
 from cuvil.schedule.axes import const_int
 from cuvil.schedule.contraction import product_operands
+from cuvil.schedule.fallback import REFUSED, fall_back
 from cuvil.schedule.schedule import Schedule, Stage
 from cuvil.te.tensor import ComputeOp, ScanOp
 
@@ -51,6 +53,11 @@ def _pow2_at_most(n: int, cap: int) -> int:
     while p * 2 <= min(n, cap):
         p *= 2
     return p
+
+
+def _words(name: str) -> str:
+    """A strategy's method name as words: ``one_thread_per_output`` -> ``one thread per output``."""
+    return name.replace("_", " ")
 
 
 def _uses(e: Any, v: IterVar) -> bool:
@@ -72,19 +79,25 @@ class GpuScheduler:
                 continue
             try:
                 st.compute_inline()
-            except ScheduleError:
-                pass
+            except REFUSED as exc:  # a kernel of its own, its result in global memory: a loss (WARNING)
+                fall_back(s, st, "compute_inline", exc, "a kernel of its own instead")
         for st in reversed(list(s.compute_stages)):
             if st.attach != "root" or isinstance(st.op, ScanOp) or not isinstance(st.op, ComputeOp):
                 continue
-            for strategy in (self.contraction_in_registers, self.contraction, self.long_reduction,
-                             self.one_thread_per_output_in_registers, self.one_thread_per_output):
+            strategies = (self.contraction_in_registers, self.contraction, self.long_reduction,
+                          self.one_thread_per_output_in_registers, self.one_thread_per_output)
+            for n, strategy in enumerate(strategies):
                 try:
                     with s.deferred_checks(self.outputs):
                         if strategy(st):
                             break
-                except ScheduleError:  # undone (a strategy that does not apply says so before changing
-                    continue  # anything, or raises); try the next one
+                except REFUSED as exc:  # undone (a strategy that does not apply says so before changing
+                    # anything, or raises); the next one is the normal course of the search (DEBUG), and
+                    # none left is a loss (WARNING): the stage keeps its loops, on one thread
+                    last = n == len(strategies) - 1
+                    fall_back(s, st, _words(strategy.__name__), exc,
+                              "its loops on one thread instead" if last else
+                              f"{_words(strategies[n + 1].__name__)} tried instead", loss=last)
         return s
 
     def _reused_by_reduction(self, st: Stage) -> bool:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cuvil.errors import ScheduleError
 from cuvil.ir import expr as E
 from cuvil.ir.expr import IterVar, TensorRead
 from cuvil.ir.functor import structural_equal, substitute, walk
 from cuvil.ir.simplify import simplify_expr
 from cuvil.schedule.axes import const_int
 from cuvil.schedule.contraction import _uses, unit_stride_last
+from cuvil.schedule.fallback import REFUSED, fall_back
 from cuvil.schedule.schedule import Schedule, Stage
 from cuvil.te.tensor import ComputeOp
 
@@ -113,13 +113,15 @@ class PlainStrategies:
         each computed at the row loop of its reader (consumers first)."""
         s = self.s
         roots = {id(r): r for r in members.values() if id(r) not in members}
+        lanes: dict[int, list[Stage]] = {}  # id(stage) -> its lane stages: the outermost reads its inputs now
         for st in reversed(list(s.compute_stages)):
             if id(st) in roots:
-                self._plain(st, parallel=None)
-                done.add(id(st))
+                lanes[id(st)] = self._plain(st, parallel=None)
+                done.update([id(st), *(id(rf) for rf in lanes[id(st)])])  # lane stages: scheduled by _plain
             elif id(st) in members:
-                rfs = self._plain(st, parallel=False)
+                rfs = lanes[id(st)] = self._plain(st, parallel=False)
                 reader = members[id(st)]
+                reader = (lanes.get(id(reader)) or [reader])[0]  # (a variance's lanes read the deviations)
                 st.compute_at(reader, reader.op.axis[0])
                 for rf, user in zip(rfs, [*rfs[1:], st]):  # each lane stage in the row loop of its reader
                     rf.compute_at(user, user.op.axis[0])
@@ -162,7 +164,7 @@ class PlainStrategies:
         op = st.op
         data = [a for a in st.leaves if a.kind == "data"]
         red = [a for a in st.leaves if a.kind == "reduce"]
-        if not data or not red or list(st.leaves) != data + red:
+        if not data or not red or any(a is not b for a, b in zip(st.leaves, data + red)):
             return False
         inner = data[-1]
         ext = const_int(inner.extent)
@@ -182,7 +184,9 @@ class PlainStrategies:
                 loop = _outer_loop(st)
                 if loop is not None and self.knobs.get(st.name, {}).get("parallel", self._big(st)):
                     st.parallel(loop)
-        except ScheduleError:
+        except REFUSED as exc:  # the window applies (checked above) and isl refused it: a loss (WARNING)
+            fall_back(self.s, st, "window reduction (taps outside a vectorised row)", exc,
+                      "its loops in te order instead")
             return False
         if loop is not None:
             self._window_inputs_at(st, loop, inline=ext >= 2 * v)
@@ -223,16 +227,18 @@ class PlainStrategies:
                     with self.s.deferred_checks(self.outputs):
                         prod.compute_inline()
                     continue
-                except ScheduleError:
-                    pass
+                except REFUSED as exc:  # the local copy below is the other planned way: an alternative (DEBUG)
+                    fall_back(self.s, prod, f"inlining into {st.name}", exc,
+                              f"a local copy at {st.name}'s loop {loop.name} instead", loss=False)
             try:
                 with self.s.deferred_checks(self.outputs):
                     prod.compute_at(st, loop)
                     inner = prod.leaves[-1]
                     if (const_int(inner.extent) or 0) >= 4:
                         prod.vectorize(inner)
-            except ScheduleError:
-                pass
+            except REFUSED as exc:  # a whole copy outside the loop: a loss (WARNING)
+                fall_back(self.s, prod, f"compute_at {st.name}'s loop {loop.name}", exc,
+                          "computed whole at the root instead")
 
     def _vector_reduction(self, st: Stage) -> bool:
         """A row reduction over one unit-stride axis: ``v`` partial results in vector lanes (rfactor; the
@@ -250,7 +256,8 @@ class PlainStrategies:
                     loop = _outer_loop(stage)
                     if loop is not None and self._big(rfs[0]):
                         stage.parallel(loop)
-        except ScheduleError:
+        except REFUSED as exc:  # the lanes apply (a row reduction) and isl refused them: a loss (WARNING)
+            fall_back(self.s, st, "vector-lane reduction (rfactor)", exc, "the window or serial strategy instead")
             return False
         return True
 
@@ -297,7 +304,9 @@ class PlainStrategies:
         try:
             with self.s.deferred_checks(self.outputs):
                 self._elementwise(st, strict=True)
-        except ScheduleError:
+        except REFUSED as exc:  # nothing lost yet (a step the retry drops is a loss of its own): DEBUG
+            fall_back(self.s, st, "vectorised, parallel element-wise loops proved at once", exc,
+                      "its steps tried one by one instead", loss=False)
             self._elementwise(st, strict=False)
 
     def _elementwise(self, st: Stage, strict: bool, parallel: bool | None = None) -> None:
@@ -311,25 +320,29 @@ class PlainStrategies:
         if rows is not None and ext is not None and ext >= v:
             try:
                 self._transpose_tiles(st, rows, inner, v)
-            except ScheduleError:
+            except REFUSED as exc:
                 if strict:
                     raise
+                fall_back(self.s, st, "square blocks for a transposing read", exc,
+                          "rows in te order, not vectorised, instead")  # a loss (WARNING)
         elif ext is not None and ext >= 4 and (ext >= v or len(axes) > 1):
             xi = st.split(inner, factor=v)[1] if ext > v else inner  # a short row: one partial vector
             try:
                 st.vectorize(xi)
-            except ScheduleError:
+            except REFUSED as exc:
                 if strict:
                     raise
+                fall_back(self.s, st, f"vectorize({xi.name})", exc, "scalar loops instead")  # a loss (WARNING)
         if parallel is False:
             return
         loop = _outer_loop(st)
         if self.knobs.get(st.name, {}).get("parallel", self._big(st)) and loop is not None:
             try:
                 st.parallel(loop)
-            except ScheduleError:
+            except REFUSED as exc:
                 if strict:
                     raise
+                fall_back(self.s, st, f"parallel({loop.name})", exc, "one thread instead")  # a loss (WARNING)
 
     def _transposed_read(self, st: Stage) -> IterVar | None:
         """The axis ``a`` of an element-wise stage that a read walks with unit stride (its last index) while

@@ -436,6 +436,9 @@ class Schedule:
                 taken.add(st.label)
             seen.add(st.label)
         self.trace: list[Step] = []
+        # strategies of the automatic scheduler that isl refused, and what was taken instead (in the order
+        # they happened; kept when a group of steps is undone): see cuvil.schedule.fallback
+        self.fallbacks: list[Any] = []
         self._deferred = False  # see deferred_checks()
 
     # -- lookup -------------------------------------------------------------------------
