@@ -214,3 +214,28 @@ def test_a_fused_kernel_that_does_not_compile_falls_back_to_one_kernel_per_node(
     assert [f.split(":")[0] for f in prog.fallbacks] == ["Conv+Relu 'Conv_0'", "Conv+Add+Relu 'Conv_2'"]
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(prog.run(feeds)["y"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_an_nchw_conv_tile_keeps_its_accumulators_at_constant_indices():
+    """A 3x3 NCHW convolution tiled over filters (rows) and pixels (columns) under a loop over output
+    rows: with the row tiles fused into that loop, isl wrote the tile's local indices as nested divisions
+    of the fused index, which LLVM cannot keep in registers (every multiply-add loaded and stored its
+    accumulator on the stack: 2.8x slower for 128 -> 128 channels at 64x64)."""
+    import re
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = (rng.standard_normal((16, 32, 3, 3)) * 0.2).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+                           helper.make_node("Relu", ["c"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 8, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    prog = compile_graph(import_model(model), {"x": (1, 32, 8, 64)}, {}, "llvm")
+    [func] = [f for f in prog.kernel_funcs if "conv" in str(f)]
+    text = str(func)
+    inits = re.findall(r"conv\[0, 0, (\d+), sp1\] = 0\.0f", text)
+    assert sorted(set(inits)) == [str(k) for k in range(8)], text[:2000]
+    x = rng.standard_normal((1, 32, 8, 64)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(prog.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
