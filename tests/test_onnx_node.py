@@ -1,14 +1,17 @@
 """ONNX's own backend node conformance cases, generated from the installed onnx package, run through cuvil.
 
-Every case whose operator (the single node of its non-expanded model) is one cuvil lists as supported
-runs with the onnx runner's comparison (the case's rtol/atol, default 1e-3/1e-7) and must match the
-reference outputs exactly in shape and dtype.  The cases cuvil cannot pass are listed, each with its
-reason, in ``tests/onnx_node_failures.txt``; they are strict xfails, so a fix shows up as an XPASS
-to remove from the list.
+Every case whose operator (the single node of its non-expanded model) is one the importer registers
+(``cuvil.graph.ops.base.supported_ops()``, less cuvil's internal ``Cuvil*`` operators) runs with the
+onnx runner's comparison (the case's rtol/atol, default 1e-3/1e-7) and must match the reference outputs
+exactly in shape and dtype.  The cases cuvil cannot pass are listed in ``tests/onnx_node_failures.txt``,
+each with the exception it raises and the reason; they are strict xfails that must raise that exception
+(``AssertionError`` for a wrong result), so a fix shows up as an XPASS to remove from the list, and a
+case that starts failing another way shows up as a failure.
 """
 
 from __future__ import annotations
 
+import builtins
 import os
 import warnings
 
@@ -19,12 +22,11 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from onnx import numpy_helper  # noqa: E402
 
-# the operators issue #5 lists
-LISTED = set("""Conv Gemm MatMul BatchNormalization Relu LeakyRelu PRelu Clip Sigmoid HardSigmoid HardSwish Tanh Erf
-Gelu Softmax LogSoftmax Add Sub Mul Div Pow Sqrt Exp Log Neg Abs Reciprocal Min Max Sum Mean MaxPool AveragePool
-GlobalAveragePool GlobalMaxPool Flatten Reshape Transpose Squeeze Unsqueeze Concat Split Slice Gather Shape Constant
-ConstantOfShape Cast Identity Dropout LayerNormalization ReduceMean ReduceSum ReduceMax ReduceMin ReduceL2 Pad Where
-Equal Less Greater Not And Or Expand Tile Resize LRN Floor Ceil Softplus Elu Selu ArgMax Range""".split())
+import cuvil.errors  # noqa: E402
+from cuvil.graph.ops.base import supported_ops  # noqa: E402
+
+# every operator the importer registers, less the internal ones the graph passes introduce
+TESTED = {name for name in supported_ops() if not name.startswith("Cuvil")}
 FAILURES_FILE = os.path.join(os.path.dirname(__file__), "onnx_node_failures.txt")
 
 
@@ -37,19 +39,29 @@ def _collect() -> dict:
     out = {}
     for name, c in cases.items():
         base = cases.get(name.split("_expanded")[0])
-        if base is not None and len(base.model.graph.node) == 1 and base.model.graph.node[0].op_type in LISTED:
+        if base is not None and len(base.model.graph.node) == 1 and base.model.graph.node[0].op_type in TESTED:
             out[name] = c
     return out
 
 
-def _failures() -> dict[str, tuple[bool, str]]:
-    """name -> (onnxruntime passes it, reason cuvil does not)."""
+def _exception(name: str) -> type[BaseException]:
+    """The exception class a failures-file line names: one of cuvil's errors or a builtin one."""
+    cls = getattr(cuvil.errors, name, None) or getattr(builtins, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        raise ValueError(f"{FAILURES_FILE}: {name!r} is not an exception class of cuvil.errors or builtins")
+    return cls
+
+
+def _failures() -> dict[str, tuple[bool, type[BaseException], str]]:
+    """name -> (onnxruntime passes it, the exception cuvil raises, the reason)."""
     out = {}
     with open(FAILURES_FILE) as f:
         for line in f:
             if line.strip() and not line.startswith("#"):
-                name, ort_ok, reason = (x.strip() for x in line.split("|", 2))
-                out[name] = (ort_ok == "ort-pass", reason)
+                name, ort_ok, exc, reason = (x.strip() for x in line.split("|", 3))
+                if ort_ok not in ("ort-pass", "ort-fail"):
+                    raise ValueError(f"{FAILURES_FILE}: {name}: {ort_ok!r} is not ort-pass or ort-fail")
+                out[name] = (ort_ok == "ort-pass", _exception(exc), reason)
     return out
 
 
@@ -78,7 +90,10 @@ def _run(session_type: type, case: object) -> None:
 def _params() -> list:
     out = []
     for name in sorted(CASES):
-        marks = [pytest.mark.xfail(strict=True, reason=FAILURES[name][1])] if name in FAILURES else []
+        marks = []
+        if name in FAILURES:
+            _, exc, reason = FAILURES[name]
+            marks = [pytest.mark.xfail(strict=True, raises=exc, reason=reason)]
         out.append(pytest.param(name, marks=marks, id=name))
     return out
 
@@ -105,8 +120,8 @@ def test_floor_against_onnxruntime():
             ort_pass.add(name)
         except Exception:  # noqa: BLE001 - onnxruntime refusing a case is what we count here
             pass
-    for name, (ort_ok, _) in FAILURES.items():
+    for name, (ort_ok, _, _) in FAILURES.items():
         assert (name in ort_pass) == ort_ok, f"{name}: onnxruntime {'passes' if name in ort_pass else 'fails'} it"
-    cuvil_fails = {n for n, (ok, _) in FAILURES.items() if ok}
+    cuvil_fails = {n for n, (ok, _, _) in FAILURES.items() if ok}
     passed = len(ort_pass - cuvil_fails)
     assert passed >= 0.9 * len(ort_pass), f"{passed} of the {len(ort_pass)} cases onnxruntime passes"

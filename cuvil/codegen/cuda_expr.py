@@ -93,6 +93,9 @@ _MATH32 = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "tanh": "tanhf", "erf"
            "floor": "floorf", "ceil": "ceilf", "round": "rintf", "trunc": "truncf", "pow": "powf"}
 _MATH64 = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "abs": "fabs",
            "floor": "floor", "ceil": "ceil", "round": "rint", "trunc": "trunc", "pow": "pow"}
+_TRIG = ("fmod", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
+_MATH32.update({f: f + "f" for f in _TRIG})
+_MATH64.update({f: f for f in _TRIG})
 
 
 def ctype(dtype: str) -> str:

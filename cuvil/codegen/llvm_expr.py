@@ -35,7 +35,10 @@ PTR = ir.PointerType()
 FAST = ("contract",)
 
 _INT_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
-_LIBM = {"tanh": ("tanhf", "tanh"), "erf": ("erff", "erf")}
+_LIBM = {"tanh": ("tanhf", "tanh"), "erf": ("erff", "erf"),
+         # no vector code of cuvil's own: one libm call per lane (rare in models but for rotary tables)
+         **{f: (f + "f", f) for f in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+                                      "atanh")}}
 _INTRINSIC = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "fabs", "floor": "floor", "ceil": "ceil",
               "round": "roundeven", "trunc": "trunc", "pow": "pow"}
 
@@ -349,7 +352,7 @@ class ExprEmitter:
         return self.builder.call(fn, args)
 
     def libm(self, name: str, arg: ir.Value) -> ir.Value:
-        """A libm call (float64 tanh/erf); on a vector, one scalar call per lane."""
+        """A libm call (float64 tanh/erf, trigonometric functions); on a vector, one scalar call per lane."""
         if isinstance(arg.type, ir.VectorType):
             b = self.builder
             out: ir.Value = ir.Constant(arg.type, None)
@@ -379,6 +382,8 @@ class ExprEmitter:
             return b.fcmp_unordered("uno", x, x)
         if e.name == "rsqrt":
             return b.fdiv(one, self.intrinsic("sqrt", [x]))
+        if e.name == "fmod":
+            return b.frem(x, args[1])
         if elem(x.type) == FLOAT and e.name in vecmath.FUNCTIONS:  # float32 (and float16): cuvil's own code
             return vecmath.FUNCTIONS[e.name](b, x, avx512="avx512f" in self.target.enabled_features)
         if e.name == "sigmoid":

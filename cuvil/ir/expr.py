@@ -33,6 +33,9 @@ SYMBOLS = {
 MATH_FUNCS = {
     "exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "tanh": 1, "sigmoid": 1, "erf": 1,
     "abs": 1, "floor": 1, "ceil": 1, "round": 1, "trunc": 1, "isnan": 1, "pow": 2,
+    # C's fmod (the remainder with the dividend's sign), and the trigonometric and hyperbolic functions
+    "fmod": 2, "sin": 1, "cos": 1, "tan": 1, "asin": 1, "acos": 1, "atan": 1,
+    "sinh": 1, "cosh": 1, "asinh": 1, "acosh": 1, "atanh": 1,
 }
 
 
@@ -348,6 +351,11 @@ def call(name: str, *args: Any) -> Expr:
         raise DTypeError(f"{name} takes {MATH_FUNCS[name]} argument(s), got {len(args)}")
     if name == "pow":
         return power(*args)
+    if name == "fmod":
+        a, b = _unify("fmod", *args)
+        if not dt.is_float(a.dtype):
+            raise DTypeError(f"fmod needs float operands, got {a.dtype}; integer % floors, as Python's")
+        return Call(a.dtype, "fmod", (a, b))
     a = as_expr(args[0])
     t = a.dtype
     if name == "isnan":

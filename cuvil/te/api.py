@@ -293,6 +293,22 @@ ceil = _math("ceil")
 round = _math("round")  # noqa: A001
 trunc = _math("trunc")
 isnan = _math("isnan")
+sin = _math("sin")
+cos = _math("cos")
+tan = _math("tan")
+asin = _math("asin")
+acos = _math("acos")
+atan = _math("atan")
+sinh = _math("sinh")
+cosh = _math("cosh")
+asinh = _math("asinh")
+acosh = _math("acosh")
+atanh = _math("atanh")
+
+
+def fmod(a: Any, b: Any) -> Expr:
+    """C's ``fmod``: the float remainder of ``a / b`` with the sign of ``a`` (``%`` has ``b``'s)."""
+    return E.call("fmod", a, b)
 
 
 def power(a: Any, b: Any) -> Expr:

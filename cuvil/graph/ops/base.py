@@ -61,12 +61,20 @@ def supported_ops() -> list[str]:
 def _load_families() -> None:
     from cuvil.graph.ops import (  # noqa: F401
         arith,
+        attention,
+        bitwise,
         convt,
+        einsum,
+        index,
         layout,
+        loss,
+        misc,
         nn,
+        norm,
         reduce,
         resize,
         rnn,
+        rotary,
         shape,
     )
 
