@@ -267,7 +267,8 @@ class PlainStrategies:
 
         A row of at least 8 vectors whose length is a multiple of 4 vectors keeps 4 vectors of partial
         results (independent chains: one vector add or max waits 4 cycles for the previous, four overlap),
-        folded into one vector, then into the scalar::
+        folded into one vector, then into the scalar; other rows of at least 4 vectors keep one vector
+        (the lanes past the row's end are masked: a 1500-wide softmax row 40 -> 18 ms for 9000 rows)::
 
             S.rf[i, l] = reduce(r.outer) X[i, r.outer * 4v + l]     (l < 4v, vectorised)
             S.rf_1[i, m] = reduce(l.outer) S.rf[i, l.outer * v + m]  (m < v, vectorised)
@@ -279,7 +280,7 @@ class PlainStrategies:
         (r,) = op.reduce_axis
         v = self.lanes(op.dtype)
         ext = const_int(r.extent)
-        if ext is None or ext % v or ext < 4 * v or not dt_float(op.dtype):
+        if ext is None or ext < 4 * v or not dt_float(op.dtype):
             return []
         reads = [n for n in walk(op.body.source) if isinstance(n, TensorRead)]
         if not reads or not all(unit_stride_last(x, r) for x in reads):
