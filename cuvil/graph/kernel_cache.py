@@ -35,7 +35,8 @@ def cache_dir() -> str | None:
 # sources that cannot change a lowered kernel or its machine code (command line, benchmarks, the tuner,
 # the session's plumbing, export, loading a .so): editing them keeps the cache valid
 _NOT_IN_KERNELS = frozenset({
-    "autotune", "cli.py", "cli_onnx.py", "bench.py", "bench_model.py", "zoo.py", "onnx.py",
+    "autotune", "cli.py", "cli_onnx.py", "bench.py", "bench_model.py", "bench_registry.py", "zoo.py", "onnx.py",
+    "registry",
     "graph/export.py", "graph/export_api.py", "graph/export_header.py", "graph/profile.py", "runtime/loader.py",
 })
 
