@@ -39,7 +39,12 @@ def test_tune_rerun_and_build_from_the_database(tmp_path, caplog) -> None:
     # the run ended with a final round: every correct candidate (4 <= final_top + 1) and the untuned schedule
     finalists = [r for r in recs if r.final_relative is not None]
     assert len(finalists) == len(res.final) == sum(r.ok for r in recs) and recs[0] in finalists
-    assert recs[0].final_relative == 1.0 and min(rel for _, rel in res.final) == pytest.approx(1 / res.speedup)
+    assert recs[0].final_relative == 1.0
+    fastest = min(rel for _, rel in res.final)
+    if fastest > 1.0 - FINAL_MARGIN:  # not clearly faster than the untuned schedule: the tuner answers that
+        assert res.speedup == 1.0  # (a finalist 0.1% faster by the noise made the old equality flaky)
+    else:
+        assert fastest == pytest.approx(1 / res.speedup)
     best = min(finalists, key=lambda r: r.final_relative)  # the database's best: the final round's winner,
     if best.final_relative > 1.0 - FINAL_MARGIN:  # or the untuned schedule when it is not clearly faster
         best = recs[0]
