@@ -50,6 +50,8 @@ from cuvil.te.tensor import ComputeOp, PlaceholderOp, Tensor
 
 PARALLEL_MIN_WORK = 1 << 20  # multiply-adds a contraction needs before its tile loop runs on threads (1M:
 # ~8 us at 1 thread; with spinning teams and grains, 127x255x63 at 2 threads 41 -> 32 us; 4M kept it serial)
+MATVEC_MIN_WORK = 1 << 18  # ... or, with one row (a matrix-vector product: an RNN step, a decode step), this
+# many: it streams its whole weight matrix through the cache once, and two cores' bandwidth halves that
 BIG_TILE_ROWS = 512  # rows from which a contraction gets the 6 x 4-vector register tile (see _tile_sizes)
 TALL_TILE_ROWS = 14  # rows of the tile over panels read by one reduction loop (see _tile_sizes)
 PACK_GAIN = 1.25  # how much more work per load a tile must get before an operand is packed to make it
@@ -234,6 +236,7 @@ class AutoScheduler(PlainStrategies):
         mr, nr = int(k.get("mr", mr)), int(k.get("nr", nr))
         ku = int(k.get("ku", _default_ku(op, c)))
         work = self._work(st)  # multiply-adds, counted before cache_write moves the reduction away
+        threads_pay = _threads_pay(work, const_int(c.i.extent))
         pack = (None if c.panel else self._packable(c, nr, op) if k.get("pack", True) or c.pack_dim is not None
                 else None)
         readers = _readers(s, st)
@@ -293,7 +296,7 @@ class AutoScheduler(PlainStrategies):
                 loops.append(a)
             else:
                 loops[-1] = outer.fuse(prev, a)
-        if k.get("parallel", work >= PARALLEL_MIN_WORK):  # below it, waking threads costs more than it saves
+        if k.get("parallel", threads_pay):  # below it, waking threads costs more than it saves
             outer.parallel(loops[0])
         if oi is outer.op.axis[-1] and oj is not outer.op.axis[-1] and mr in (4, 8, 16):
             # the tile's rows are the output's contiguous axis (NCHW convolutions with filters in lanes):
@@ -472,10 +475,15 @@ def default_knobs(args: Sequence[Any], target: Any = "llvm") -> dict[str, dict[s
             chosen[st.name] = {"candidate": idx, "mr": mr, "nr": nr, "pack": True,
                                "panels_outer": packed or c.panel is not None,
                                "ku": _default_ku(op, c),
-                               "parallel": sch._work(st) >= PARALLEL_MIN_WORK}
+                               "parallel": _threads_pay(sch._work(st), const_int(c.i.extent))}
         else:
             chosen[st.name] = {"parallel": sch._big(st)} | ({"lanes": True} if "lanes" in space[st.name] else {})
     return chosen
+
+
+def _threads_pay(work: int, rows: int | None) -> bool:
+    """Whether a contraction of ``work`` multiply-adds over ``rows`` output rows runs its tiles on threads."""
+    return work >= PARALLEL_MIN_WORK or (rows == 1 and work >= MATVEC_MIN_WORK)
 
 
 def _is_cuda(target: Any) -> bool:
