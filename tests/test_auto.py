@@ -381,3 +381,28 @@ def test_reduction_unroll_knob_on_a_conv_window(ku):
         for kx in range(3):
             ref += np.einsum("ncyx,fc->nfyx", xp[:, :, ky:ky + 9, kx:kx + 9], w[:, :, ky, kx])
     _close(y, ref, 54)
+
+
+@pytest.mark.xfail(strict=True, raises=cuvil.CuvilError,
+                   reason="known scheduler bug: a row max read by a later reduction and by a later stage is "
+                          "placed inside the reduction's loop ('buffer cmax is not allocated here')")
+def test_a_reduction_read_by_a_reduction_and_a_later_stage():
+    """log-sum-exp then a loss reading max + log(sum): SoftmaxCrossEntropyLoss avoids it with a one-pass
+    reducer; this stays here until the scheduler places the max where both readers see it."""
+    n, c, d = 3, 5, 1
+    x = te.placeholder((n, c, d), "float32", "x")
+    t = te.placeholder((n, d), "int64", "t")
+    k = te.reduce_axis((0, c), name="k")
+    m = te.compute((n, d), lambda i, j: te.max(x[i, k, j], axis=k), name="cmax")
+    k2 = te.reduce_axis((0, c), name="k2")
+    s = te.compute((n, d), lambda i, j: te.sum(te.exp(x[i, k2, j] - m[i, j]), axis=k2), name="csum")
+    lse = te.compute((n, d), lambda i, j: m[i, j] + te.log(s[i, j]), name="lse")
+    loss = te.compute((n, d), lambda i, j: -(x[i, t[i, j], j] - lse[i, j]), name="loss")
+    f = cuvil.build(cuvil.auto_schedule([x, t, loss]), [x, t, loss])
+    xv = rng.standard_normal((n, c, d)).astype(np.float32)
+    tv = np.array([[1], [0], [4]], np.int64)
+    out = np.empty((n, d), np.float32)
+    f(xv, tv, out)
+    mx = xv.max(1)
+    want = -(xv[np.arange(n), tv[:, 0], 0] - (mx + np.log(np.exp(xv - mx[:, None]).sum(1)))[:, 0])
+    np.testing.assert_allclose(out[:, 0], want, rtol=1e-5)
