@@ -178,6 +178,11 @@ def _compile_in_child(path: str, npz: str, cache: str) -> float:
 # -- timing ---------------------------------------------------------------------------------------
 
 
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as benchmarks print them."""
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+
+
 def _ort_session(path: str, threads: int) -> Any:
     import onnxruntime as ort  # type: ignore[import-not-found]
 
@@ -313,8 +318,7 @@ def run(models: list[str], threads: list[int], cold: bool = True, rounds: int = 
         return 1
     models = models or default_models()
     tgt = cuvil.Target("llvm")
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
-    print(f"cuvil {cuvil.__version__} on {tgt.triple} {tgt.cpu}, {os.cpu_count()} cores, load {load}, "
+    print(f"cuvil {cuvil.__version__} on {tgt.triple} {tgt.cpu}, {os.cpu_count()} cores, load {load_average()}, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; compile: cold and warm kernel cache "
           "(fresh processes), here (this process); latency: medians of interleaved rounds; ratio = ort / cuvil")
     if tuning_db:

@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from cuvil.bench_model import _ort_session, load_average
+
 SETTLE_S = 0.2  # a pause before each 2-thread block: onnxruntime's pool spins for tens of ms after a run
 
 
@@ -125,15 +127,6 @@ def cold_compile(path: str, feeds: dict[str, np.ndarray]) -> tuple[float, list[s
 # -- latency ----------------------------------------------------------------------------------
 
 
-def _ort(path: str, threads: int) -> Any:
-    import onnxruntime as ort  # type: ignore[import-not-found]
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-
-
 def time_pair(ours: Any, theirs: Any, example: dict[str, np.ndarray], threads: int, rounds: int,
               budget_s: float) -> tuple[float, float, float, float]:
     """Median (cuvil cpu, cuvil wall, ort cpu, ort wall) seconds per ``run(None, feeds)``."""
@@ -182,7 +175,7 @@ def bench_one(model: str, exporter: str, config: str, threads: list[int], rounds
         sess.run(None, example)
         res.fallbacks = len(sess.fallbacks)
     for t in threads:
-        theirs = _ort(path, t)
+        theirs = _ort_session(path, t)
         cuvil.set_num_threads(t)
         try:
             ok, err = _check(sess.run(None, example), theirs.run(None, example))
@@ -230,10 +223,6 @@ def summary(results: list[Result], threads: list[int]) -> list[str]:
     return lines
 
 
-def _load() -> str:
-    return ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
-
-
 def run(models: list[str], exporters: list[str], config: str, threads: list[int], rounds: int = 5,
         budget_s: float = 2.0, cold: bool = True, json_path: str | None = None) -> int:
     """Benchmark the registry (``models``: all when empty) and print the table; 1 if any failed."""
@@ -243,8 +232,8 @@ def run(models: list[str], exporters: list[str], config: str, threads: list[int]
 
     models = models or [n for n in registry.names() if n != "gpt2-decode"]
     tgt = cuvil.Target("llvm")
-    print(f"cuvil {cuvil.__version__} on {tgt.triple} {tgt.cpu}, {os.cpu_count()} cores, load {_load()}; registry "
-          f"config {config!r}; cold = compile in a fresh process, empty kernel cache; fb = fallbacks; 1T: "
+    print(f"cuvil {cuvil.__version__} on {tgt.triple} {tgt.cpu}, {os.cpu_count()} cores, load {load_average()}; "
+          f"registry config {config!r}; cold = compile in a fresh process, empty kernel cache; fb = fallbacks; 1T: "
           "median process CPU time per call, alternating call by call; 2T+: median wall time, blocks after a "
           "pause; ratio = cuvil / ort (> 1: cuvil slower)", flush=True)
     print(header(threads), flush=True)
@@ -260,7 +249,7 @@ def run(models: list[str], exporters: list[str], config: str, threads: list[int]
             print(row(r, threads), flush=True)
     for line in summary(results, threads):
         print(line)
-    print(f"load average after: {_load()}")
+    print(f"load average after: {load_average()}")
     if json_path:
         with open(json_path, "w") as f:
             json.dump([r.__dict__ for r in results], f, indent=1)

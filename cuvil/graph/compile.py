@@ -51,6 +51,7 @@ from cuvil.graph.ops.base import (
     inline_elementwise,
     t_shape,
 )
+from cuvil.schedule.fallback import first_line, scheduling
 
 __all__ = ["CompiledGraph", "check_supported", "compile_graph", "compile_model", "kernel_programs", "prepare"]
 
@@ -185,7 +186,6 @@ def lower_kernel(what: str, args: list[Any], placeholders: list[Any], target: An
     import cuvil
     from cuvil import te
     from cuvil.errors import ScheduleError
-    from cuvil.schedule.fallback import scheduling
 
     outputs = [a for a in args if not any(a is p for p in placeholders)]
     try:
@@ -200,7 +200,7 @@ def lower_kernel(what: str, args: list[Any], placeholders: list[Any], target: An
             lost = [str(f) for f in getattr(s, "fallbacks", ()) if f.loss]
             return func, (f"its automatic schedule fell back: {'; '.join(lost)}" if lost else None)
         except (ScheduleError, IslBudgetError) as exc:
-            why = f"its automatic schedule failed ({_first_line(exc)}); compiled in the te order"
+            why = f"its automatic schedule failed ({first_line(exc)}); compiled in the te order"
             log.warning("%s: %s", what, why)
             return cuvil.lower(te.create_schedule(outputs), args, name="k"), why
     except CuvilError as exc:
@@ -208,11 +208,6 @@ def lower_kernel(what: str, args: list[Any], placeholders: list[Any], target: An
     except Exception as exc:
         raise CuvilError(f"{what}: internal error while compiling its kernel: {type(exc).__name__}: {exc}"
                          ) from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:200]
 
 
 def _tensor_and_shape(o: Any) -> tuple[Any, tuple[int, ...] | None]:
@@ -333,7 +328,7 @@ class _GraphCompiler:
         try:
             [self.env[nodes[-1].outputs[0]]] = self.kernel(key, ctxs, [(last.tensor, last.shape)], label)
         except CuvilError as exc:  # (raised before the kernel is added: nothing to undo)
-            why = f"the fused kernel does not compile ({_first_line(exc)}); its nodes are compiled one by one"
+            why = f"the fused kernel does not compile ({first_line(exc)}); its nodes are compiled one by one"
             log.warning("%s: %s", label, why)
             self.fallbacks.append(f"{label}: {why}")
             return False

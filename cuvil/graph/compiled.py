@@ -127,27 +127,16 @@ class CompiledGraph:
         return arrays
 
     def buffers(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """One array per slot: the feeds, the constants, temporaries in a fresh arena."""
+        """One array per slot: the feeds and returned outputs (:meth:`_varying`), the constants, and the
+        other temporaries as views of this thread's arena."""
         arrays: list[np.ndarray | None] = [None] * len(self.slots)
-        for k, name in self._feeds:
-            arrays[k] = contiguous(feeds[name])
+        for k, a in self._varying(feeds).items():
+            arrays[k] = a
         for k, a in self._consts.items():
             arrays[k] = a
-        kept = self._kept()
-        arena = kept.get("arena")
-        if arena is None:
-            arena = kept["arena"] = np.empty(max(self.memory.arena_bytes, 1), np.uint8)
-        for k, s in enumerate(self.slots):
-            if s.kind != "temp":
-                continue
-            if k in self.memory.offsets:
-                off = self.memory.offsets[k]
-                arrays[k] = arena[off:off + self._temp_bytes[k]].view(s.dtype)
-            else:  # returned to the caller: last run's array again once the caller has let go of it
-                last = kept.get(k)
-                if last is None or sys.getrefcount(last) > 3:  # kept's reference, `last`, the argument
-                    last = kept[k] = np.empty(max(s.size, 1), s.dtype)
-                arrays[k] = last
+        arena = self._kept()["arena"]
+        for k, off in self.memory.offsets.items():
+            arrays[k] = arena[off:off + self._temp_bytes[k]].view(self.slots[k].dtype)
         return arrays  # type: ignore[return-value]
 
     def _pointers(self, arrays: list[np.ndarray]) -> Any:
