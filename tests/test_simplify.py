@@ -126,3 +126,33 @@ def test_floor_division_of_data_keeps_the_wrapped_value():
     cuvil.build(cuvil.auto_schedule([X, Y]), [X, Y])(x, y)
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(y, (x * 4 + 1) // 4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([2, 4, 14, 16, 32]), st.integers(1, 3), st.sampled_from([3, 7, 896]), st.integers(-3, 3),
+       st.integers(0, 3), st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 1000)), min_size=6, max_size=6))
+def test_common_factor_of_divisor_and_coefficient(g, a, d, shift, width, points):
+    """(g*a*f + i + k) // (g*d) and % (g*d) with i + k inside one multiple of g: folded by the common
+    factor g (a fused tile loop's row: (14 * f + i) % 12544 == 14 * (f % 896) + i for i < 14)."""
+    from cuvil.ir.simplify import Simplifier
+
+    f, i = E.Var("int64", "f"), E.Var("int64", "i")
+    hi = max(0, g - 1 - width)  # i in [0, hi], so i + shift * g + [0, width] stays in one multiple of g
+    bounds = {id(f): (0, 4000), id(i): (0, hi)}
+    c = E.const(g * d, "int64")
+    for e in (((f * (g * a)) + i + shift * g + width) // c, ((f * (g * a)) + i + shift * g + width) % c):
+        s = Simplifier(dict(bounds)).visit(e)
+        for fv, iv in points:
+            env = {"f": fv, "i": iv % (hi + 1)}
+            assert _eval(s, env) == _eval(e, env), (str(e), str(s), env)
+
+
+def test_tile_row_under_a_fused_loop_is_its_local_index():
+    from cuvil.ir.simplify import Simplifier
+
+    f, i = E.Var("int64", "f"), E.Var("int64", "i")
+    simp = Simplifier({id(f): (0, 2687), id(i): (0, 13)})
+    row = (f * 14 + i) % 12544
+    local = i - (f * 14 + i) // 12544 * 12544 + f // 896 * 12544
+    assert str(simp.visit(local)) == "i"
+    assert str(simp.visit(row)) == "f * 14 - f // 896 * 12544 + i"  # i is out of every division

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import math
+
 from cuvil import dtype as dt
 from cuvil.ir import expr as E
 from cuvil.ir.expr import Binary, Cast, Const, Expr, Select, Unary, Var
@@ -141,6 +143,9 @@ def _divmod(e: Binary, a: Expr, c: int, bounds: Bounds) -> Expr | None:
             rest[key] = (t, k)
     rng = _interval(rest, lin[1], bounds)
     if rng is None or rng[0] // c != rng[1] // c:
+        common = _divmod_common(e, lin, c, bounds)
+        if common is not None:
+            return common
         cq, cr = divmod(lin[1], c)  # whole multiples of c in the constant leave the division too
         if e.op == "floordiv" and rest and all(k < 0 for _, k in rest.values()):
             # (-r + cr) // c == -((r + c - 1 - cr) // c): the same quotient as a positive one, to cancel
@@ -157,6 +162,30 @@ def _divmod(e: Binary, a: Expr, c: int, bounds: Bounds) -> Expr | None:
     if e.op == "floordiv":
         return _rebuild(quot, k0)
     return _rebuild(rest, lin[1] - k0 * c)
+
+
+def _divmod_common(e: Binary, lin: tuple[dict[tuple, tuple[Expr, int]], int], c: int, bounds: Bounds
+                   ) -> Expr | None:
+    """``(g * q + r) // (g * d) == q // d`` and ``(g * q + r) % (g * d) == g * (q % d) + r`` when
+    ``0 <= r < g``: a tile's row ``(14 * f + i) % 12544`` under a fused loop ``f`` (``i < 14``) is
+    ``14 * (f % 896) + i``, so the tile's local index ``i`` cancels to a constant and the accumulators
+    stay in registers.  ``g`` is the largest common factor of ``c`` and a coefficient."""
+    terms, const = lin
+    for g in sorted({math.gcd(c, abs(k)) for _, k in terms.values() if k}, reverse=True):
+        if g in (1, c):
+            continue
+        quot = {key: (t, k // g) for key, (t, k) in terms.items() if k % g == 0}
+        rest = {key: (t, k) for key, (t, k) in terms.items() if k % g != 0}
+        rng = _interval(rest, const, bounds)
+        if rng is None or rng[0] // g != rng[1] // g:
+            continue
+        k0 = rng[0] // g
+        q = _rebuild(quot, k0)
+        d = E.const(c // g, "int64")
+        if e.op == "floordiv":
+            return Binary("int64", "floordiv", q, d)
+        return Binary("int64", "floormod", q, d) * g + _rebuild(rest, const - k0 * g)
+    return None
 
 
 class Simplifier(ExprMutator):

@@ -327,8 +327,14 @@ class PlainStrategies:
                 fall_back(self.s, st, "square blocks for a transposing read", exc,
                           "rows in te order, not vectorised, instead")  # a loss (WARNING)
         elif ext is not None and ext >= 4 and (ext >= v or len(axes) > 1):
-            xi = st.split(inner, factor=v)[1] if ext > v else inner  # a short row: one partial vector
+            xo, xi = st.split(inner, factor=v) if ext > v else (None, inner)  # a short row: one partial vector
             try:
+                if xo is not None and self._stencil_axis(st) is not None:
+                    # the vectors of a row outside the taps' axis: one channel block's window rows stay in L1
+                    # and its weights in registers (5x5 depthwise 240@28, 1 thread: 411 -> ... us)
+                    keep = list(st.leaves)
+                    pos = next(k for k, a in enumerate(keep) if a is self._stencil_axis(st))
+                    st.reorder(*keep[:pos], xo, *[a for a in keep[pos:] if a is not xo])
                 st.vectorize(xi)
             except REFUSED as exc:
                 if strict:
@@ -344,6 +350,20 @@ class PlainStrategies:
                 if strict:
                     raise
                 fall_back(self.s, st, f"parallel({loop.name})", exc, "one thread instead")  # a loss (WARNING)
+
+    @staticmethod
+    def _stencil_axis(st: Stage) -> IterVar | None:
+        """The axis just above the innermost one when an element-wise stage reads one tensor at several
+        offsets along it (``Y[y, x, c] = sum_k P[y + ky, x + kx, c] * W[ky, kx, c]``: x), else None."""
+        op = st.op
+        if len(op.axis) < 2:
+            return None
+        row = op.axis[-2]
+        offsets: dict[Any, set[str]] = {}
+        for n in walk(op.body):
+            if isinstance(n, TensorRead) and len(n.indices) >= 2 and _uses(n.indices[-2], row):
+                offsets.setdefault(n.tensor, set()).add(str(n.indices[-2]))
+        return row if any(len(o) >= 3 for o in offsets.values()) else None
 
     def _transposed_read(self, st: Stage) -> IterVar | None:
         """The axis ``a`` of an element-wise stage that a read walks with unit stride (its last index) while

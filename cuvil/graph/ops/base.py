@@ -23,8 +23,9 @@ import numpy as np
 from cuvil import te
 from cuvil.errors import ShapeError, UnsupportedOpError
 from cuvil.graph.ir import Node
-from cuvil.ir.expr import TensorRead
-from cuvil.ir.functor import ExprMutator, substitute
+from cuvil.ir.expr import Select, TensorRead
+from cuvil.ir.functor import ExprMutator, substitute, walk
+from cuvil.schedule.auto import STENCIL_TAPS
 from cuvil.te.tensor import ComputeOp, Tensor
 
 Builder = Callable[["NodeCtx"], list]
@@ -370,14 +371,46 @@ def view(t: Tensor, shape: Sequence[int], name: str) -> Tensor:
     return te.compute(shp, flat_body, name=name)
 
 
+def _inlinable(op: Any, n_idx: int) -> bool:
+    return (isinstance(op, ComputeOp) and not op.reduce_axis and len(op.axis) == n_idx
+            and all(a is b for a, b in zip(op.store_indices, op.axis)))
+
+
+def _padded_under_taps(body: Any) -> set[int]:
+    """The padded stages (their bodies select) that one body among ``body`` and the element-wise bodies
+    it reads reads at ``STENCIL_TAPS`` or more places (a depthwise convolution's taps): inlined, each
+    tap would test the padding (see cuvil.schedule.auto._padding_under_taps)."""
+    keep: set[int] = set()
+    seen: set[int] = set()
+    todo = [body]
+    while todo:
+        b = todo.pop()
+        places: dict[int, set[tuple[str, ...]]] = {}
+        for n in walk(b):
+            if isinstance(n, TensorRead) and _inlinable(n.tensor.op, len(n.indices)):
+                op = n.tensor.op
+                places.setdefault(id(op), set()).add(tuple(str(x) for x in n.indices))
+                if id(op) not in seen:
+                    seen.add(id(op))
+                    todo.append(op.body)
+                    if any(isinstance(m, Select) for m in walk(op.body)):
+                        keep.add(-id(op))  # a candidate: it selects
+        keep.update(k for k, p in places.items() if len(p) >= STENCIL_TAPS and -k in keep)
+    return {k for k in keep if k > 0}
+
+
 class _Inline(ExprMutator):
-    """Reads of element-wise stages replaced by their bodies (reductions and packed copies stay reads)."""
+    """Reads of element-wise stages replaced by their bodies (reductions, packed copies and the padded
+    input of a stencil's taps stay reads)."""
+
+    def __init__(self, keep: set[int] | None = None):
+        super().__init__()
+        self.keep = keep or set()
 
     def visit_TensorRead(self, e: TensorRead) -> Any:
         idx = tuple(self.visit(x) for x in e.indices)
         op = e.tensor.op
-        if (isinstance(op, ComputeOp) and not op.reduce_axis and len(op.axis) == len(idx)
-                and all(a is b for a, b in zip(op.store_indices, op.axis))):
+        if _inlinable(op, len(idx)) and id(op) not in self.keep:
             return self.visit(substitute(op.body, dict(zip(op.axis, idx))))
         return e if all(a is b for a, b in zip(idx, e.indices)) else TensorRead(e.dtype, e.tensor, idx)
 
@@ -388,7 +421,7 @@ def inline_elementwise(t: Tensor) -> Tensor:
     op = t.op
     if not isinstance(op, ComputeOp) or op.reduce_axis or any(a is not b for a, b in zip(op.store_indices, op.axis)):
         return t
-    body = _Inline().visit(op.body)
+    body = _Inline(_padded_under_taps(op.body)).visit(op.body)
     if body is op.body:
         return t
     return te.compute(t_shape(t), lambda *i: substitute(body, dict(zip(op.axis, i))), name=op.name)
