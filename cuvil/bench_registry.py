@@ -13,8 +13,9 @@ Per model and exporter it prints:
 - at 1 thread: cuvil and onnxruntime called **alternately, call by call**, in this process, each
   call on fresh random inputs (floats redrawn; ids and masks kept), after warm-up calls; the median
   **process CPU time** per call and, beside it, the median wall time;
-- at 2 threads: each engine in **blocks after a pause** (their thread pools stop spinning first),
-  alternated ``--rounds`` times (at least 5); median wall and CPU time per call;
+- at 2 threads: **each engine in its own process** (neither engine's thread pool shares the process
+  with the other's, as when a user runs one of them), timed in blocks after a pause, the two
+  processes alternated ``--rounds`` times (at least 5); median wall and CPU time per call;
 - the ratio **cuvil / onnxruntime** of the medians (> 1: cuvil is slower), CPU time at 1 thread,
   wall time at 2 threads;
 - whether every output matches onnxruntime: ``numpy.allclose(rtol=1e-3, atol=1e-4)``.
@@ -124,12 +125,112 @@ def cold_compile(path: str, feeds: dict[str, np.ndarray]) -> tuple[float, list[s
     raise CuvilError(f"compiling {os.path.basename(path)} in a fresh process failed: {tail[0]}")
 
 
+# -- an engine in a process of its own (2 threads and more) ------------------------------------
+
+
+def _engine_child() -> None:
+    """In a fresh process: load ``argv[2]`` (``argv[1]``: cuvil or ort) at ``argv[4]`` threads with the
+    feeds of ``argv[3]``; print READY, then answer each ``run N`` line on stdin with the (cpu, wall)
+    seconds of N calls on fresh inputs, as one JSON line.  Only that engine is imported."""
+    engine, path, npz, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    with np.load(npz) as z:
+        example = {k: z[k] for k in z.files}
+    if engine == "cuvil":
+        import cuvil
+        from cuvil.onnx import InferenceSession
+
+        sess: Any = InferenceSession(path)
+        cuvil.set_num_threads(threads)
+    else:
+        sess = _ort_session(path, threads)
+    rng = np.random.default_rng(2 if engine == "cuvil" else 3)
+    for _ in range(2):  # warm-up: first-call costs, page faults of the buffers
+        sess.run(None, _fresh(example, rng))
+    print("READY", flush=True)
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd or cmd[0] != "run":
+            break
+        out = []
+        for _ in range(int(cmd[1])):
+            feeds = _fresh(example, rng)
+            out.append(_timed(lambda feeds=feeds: sess.run(None, feeds)))
+        print(json.dumps(out), flush=True)
+
+
+class _Engine:
+    """One engine in a child process (:func:`_engine_child`), run a block of calls at a time."""
+
+    def __init__(self, engine: str, path: str, npz: str, threads: int):
+        from cuvil.errors import CuvilError
+
+        code = "from cuvil.bench_registry import _engine_child; _engine_child()"
+        self.log = tempfile.TemporaryFile("w+")  # its stderr (a pipe nobody reads could fill and block it)
+        self.proc = subprocess.Popen([sys.executable, "-c", code, engine, path, npz, str(threads)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("READY"):
+                return
+        self.proc.wait()
+        self.log.seek(0)
+        err = [x for x in self.log.read().splitlines() if x.strip()][-1:]
+        self.close()
+        raise CuvilError(f"{engine} in a process of its own did not start: {err[0] if err else 'no output'}")
+
+    def block(self, n: int) -> list[tuple[float, float]]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        from cuvil.errors import CuvilError
+
+        try:
+            self.proc.stdin.write(f"run {n}\n")
+            self.proc.stdin.flush()
+            return [tuple(x) for x in json.loads(self.proc.stdout.readline())]  # type: ignore[misc]
+        except (OSError, ValueError):  # the child died (a broken pipe, no answer)
+            raise CuvilError(f"the benchmark's child process stopped (exit status {self.proc.poll()})") from None
+
+    def close(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def time_apart(path: str, example: dict[str, np.ndarray], threads: int, rounds: int, budget_s: float
+               ) -> tuple[float, float, float, float]:
+    """Median (cuvil cpu, cuvil wall, ort cpu, ort wall) seconds per call, each engine in its own
+    process, in blocks after a pause, alternated ``max(rounds, 5)`` times."""
+    with tempfile.TemporaryDirectory(prefix="cuvil-bench-") as work:
+        npz = os.path.join(work, "feeds.npz")
+        np.savez(npz, **example)
+        engines: list[_Engine] = []
+        try:
+            engines += [_Engine("cuvil", path, npz, threads), _Engine("ort", path, npz, threads)]
+            first = engines[0].block(1)[0][1]
+            per_block = max(3, int(budget_s / max(rounds, 5) / 2 / max(first, 1e-4)))
+            samples: list[list[tuple[float, float]]] = [[], []]
+            for r in range(max(rounds, 5)):
+                for e in ((0, 1) if r % 2 == 0 else (1, 0)):
+                    time.sleep(SETTLE_S)
+                    samples[e] += engines[e].block(per_block)
+        finally:
+            for eng in engines:
+                eng.close()
+    med = [(float(np.median([c for c, _ in x])), float(np.median([w for _, w in x]))) for x in samples]
+    return med[0][0], med[0][1], med[1][0], med[1][1]
+
+
 # -- latency ----------------------------------------------------------------------------------
 
 
 def time_pair(ours: Any, theirs: Any, example: dict[str, np.ndarray], threads: int, rounds: int,
               budget_s: float) -> tuple[float, float, float, float]:
-    """Median (cuvil cpu, cuvil wall, ort cpu, ort wall) seconds per ``run(None, feeds)``."""
+    """Median (cuvil cpu, cuvil wall, ort cpu, ort wall) seconds per ``run(None, feeds)``, both engines
+    in this process (:func:`time_apart` puts each in its own, as ``bench_one`` does above 1 thread)."""
     rng = np.random.default_rng(1)
     runs = [lambda f: ours.run(None, f), lambda f: theirs.run(None, f)]
     for fn in runs:  # warm-up: first-call costs, page faults of the buffers
@@ -181,7 +282,11 @@ def bench_one(model: str, exporter: str, config: str, threads: list[int], rounds
             ok, err = _check(sess.run(None, example), theirs.run(None, example))
             res.ok &= ok
             res.max_err = max(res.max_err, err)
-            res.latency[t] = time_pair(sess, theirs, example, t, rounds, budget_s)
+            if t == 1:
+                res.latency[t] = time_pair(sess, theirs, example, t, rounds, budget_s)
+            else:  # this process's engines stay idle: their pools must not spin beside the timed one
+                del theirs
+                res.latency[t] = time_apart(path, example, t, rounds, budget_s)
         finally:
             cuvil.set_num_threads(None)
     return res
@@ -234,8 +339,8 @@ def run(models: list[str], exporters: list[str], config: str, threads: list[int]
     tgt = cuvil.Target("llvm")
     print(f"cuvil {cuvil.__version__} on {tgt.triple} {tgt.cpu}, {os.cpu_count()} cores, load {load_average()}; "
           f"registry config {config!r}; cold = compile in a fresh process, empty kernel cache; fb = fallbacks; 1T: "
-          "median process CPU time per call, alternating call by call; 2T+: median wall time, blocks after a "
-          "pause; ratio = cuvil / ort (> 1: cuvil slower)", flush=True)
+          "median process CPU time per call, alternating call by call; 2T+: median wall time, each engine in "
+          "its own process, blocks after a pause; ratio = cuvil / ort (> 1: cuvil slower)", flush=True)
     print(header(threads), flush=True)
     results = []
     for model in models:
