@@ -328,13 +328,20 @@ class PlainStrategies:
                           "rows in te order, not vectorised, instead")  # a loss (WARNING)
         elif ext is not None and ext >= 4 and (ext >= v or len(axes) > 1):
             xo, xi = st.split(inner, factor=v) if ext > v else (None, inner)  # a short row: one partial vector
-            try:
-                if xo is not None and self._stencil_axis(st) is not None:
-                    # the vectors of a row outside the taps' axis: one channel block's window rows stay in L1
-                    # and its weights in registers (5x5 depthwise 240@28, 1 thread: 411 -> ... us)
-                    keep = list(st.leaves)
-                    pos = next(k for k, a in enumerate(keep) if a is self._stencil_axis(st))
+            row = self._stencil_axis(st) if xo is not None else None
+            if row is not None:
+                # the row's vectors outside the taps' axis: one channel block's window rows stay in L1 and its
+                # weights in registers (5x5 depthwise 240@28 over a padded copy, 1 thread: 411 -> 127 us)
+                keep = list(st.leaves)
+                pos = next(k for k, a in enumerate(keep) if a is row)
+                try:
                     st.reorder(*keep[:pos], xo, *[a for a in keep[pos:] if a is not xo])
+                except REFUSED as exc:
+                    if strict:
+                        raise
+                    fall_back(self.s, st, f"{xo.name} outside the stencil's {row.name}", exc,
+                              "the te order instead")  # a loss (WARNING)
+            try:
                 st.vectorize(xi)
             except REFUSED as exc:
                 if strict:

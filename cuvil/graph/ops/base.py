@@ -377,26 +377,26 @@ def _inlinable(op: Any, n_idx: int) -> bool:
 
 
 def _padded_under_taps(body: Any) -> set[int]:
-    """The padded stages (their bodies select) that one body among ``body`` and the element-wise bodies
-    it reads reads at ``STENCIL_TAPS`` or more places (a depthwise convolution's taps): inlined, each
-    tap would test the padding (see cuvil.schedule.auto._padding_under_taps)."""
+    """The ids of the padded stages (their bodies select) that one body among ``body`` and the
+    element-wise bodies it reads reads at ``STENCIL_TAPS`` or more places (a depthwise convolution's
+    taps): inlined, each tap would test the padding (see cuvil.schedule.auto._padding_under_taps)."""
     keep: set[int] = set()
     seen: set[int] = set()
     todo = [body]
     while todo:
-        b = todo.pop()
         places: dict[int, set[tuple[str, ...]]] = {}
-        for n in walk(b):
+        selects: set[int] = set()
+        for n in walk(todo.pop()):
             if isinstance(n, TensorRead) and _inlinable(n.tensor.op, len(n.indices)):
                 op = n.tensor.op
                 places.setdefault(id(op), set()).add(tuple(str(x) for x in n.indices))
+                if any(isinstance(m, Select) for m in walk(op.body)):
+                    selects.add(id(op))
                 if id(op) not in seen:
                     seen.add(id(op))
                     todo.append(op.body)
-                    if any(isinstance(m, Select) for m in walk(op.body)):
-                        keep.add(-id(op))  # a candidate: it selects
-        keep.update(k for k, p in places.items() if len(p) >= STENCIL_TAPS and -k in keep)
-    return {k for k in keep if k > 0}
+        keep.update(k for k, p in places.items() if k in selects and len(p) >= STENCIL_TAPS)
+    return keep
 
 
 class _Inline(ExprMutator):
