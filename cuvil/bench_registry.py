@@ -86,6 +86,12 @@ def _check(ours: list[np.ndarray], ref: list[np.ndarray]) -> tuple[bool, float]:
     return ok, worst
 
 
+def _medians(samples: list[list[tuple[float, float]]]) -> tuple[float, float, float, float]:
+    """(cuvil cpu, cuvil wall, ort cpu, ort wall): the medians of the (cpu, wall) samples of each engine."""
+    (cc, cw), (oc, ow) = [(float(np.median([c for c, _ in x])), float(np.median([w for _, w in x]))) for x in samples]
+    return cc, cw, oc, ow
+
+
 def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
     c0, w0 = time.process_time(), time.perf_counter()
     fn()
@@ -220,8 +226,7 @@ def time_apart(path: str, example: dict[str, np.ndarray], threads: int, rounds: 
         finally:
             for eng in engines:
                 eng.close()
-    med = [(float(np.median([c for c, _ in x])), float(np.median([w for _, w in x]))) for x in samples]
-    return med[0][0], med[0][1], med[1][0], med[1][1]
+    return _medians(samples)
 
 
 # -- latency ----------------------------------------------------------------------------------
@@ -254,8 +259,7 @@ def time_pair(ours: Any, theirs: Any, example: dict[str, np.ndarray], threads: i
                 for _ in range(per_block):
                     feeds = _fresh(example, rng)
                     samples[e].append(_timed(lambda e=e, feeds=feeds: runs[e](feeds)))
-    med = [(float(np.median([c for c, _ in s])), float(np.median([w for _, w in s]))) for s in samples]
-    return med[0][0], med[0][1], med[1][0], med[1][1]
+    return _medians(samples)
 
 
 def bench_one(model: str, exporter: str, config: str, threads: list[int], rounds: int, budget_s: float,

@@ -98,21 +98,20 @@ def _reused_by_reduction(s: Schedule, st: Stage) -> bool:
 STENCIL_TAPS = 4  # a padded stage an element-wise body reads at this many places stays a stage (a stencil)
 
 
-def _padding_under_taps(s: Schedule, st: Stage) -> bool:
-    """``st`` is a padded copy (its body selects) that an element-wise reader reads at several offsets
-    (the taps of a depthwise convolution written as a sum of taps).  Inlined, every tap tests the
-    padding (a branch and a conditional load per tap and vector: 5x5 depthwise 240@28 at 1 thread, 348
-    us); computed once, the taps are plain loads."""
-    if not any(isinstance(n, E.Select) for n in walk(st.op.body)):
+def pads_a_stencil(producer: ComputeOp, reader_body: Any) -> bool:
+    """``producer`` is a padded copy (its body selects) that ``reader_body``, an element-wise body, reads
+    at ``STENCIL_TAPS`` or more places (the taps of a depthwise convolution written as a sum of taps).
+    Inlined, every tap tests the padding (a branch and a conditional load per tap and vector: 5x5
+    depthwise 240@28 at 1 thread, 348 us); computed once, the taps are plain loads."""
+    if not any(isinstance(n, E.Select) for n in walk(producer.body)):
         return False
-    for r in _readers(s, st):
-        if r.op.reduce_axis:
-            continue
-        reads = {tuple(str(ix) for ix in n.indices) for n in walk(r.op.body)
-                 if isinstance(n, TensorRead) and s.stage_of(n.tensor) is st}
-        if len(reads) >= STENCIL_TAPS:
-            return True
-    return False
+    places = {tuple(str(ix) for ix in n.indices) for n in walk(reader_body)
+              if isinstance(n, TensorRead) and n.tensor.op is producer}
+    return len(places) >= STENCIL_TAPS
+
+
+def _padding_under_taps(s: Schedule, st: Stage) -> bool:
+    return any(pads_a_stencil(st.op, r.op.body) for r in _readers(s, st) if not r.op.reduce_axis)
 
 
 class AutoScheduler(PlainStrategies):

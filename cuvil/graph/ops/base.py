@@ -23,9 +23,9 @@ import numpy as np
 from cuvil import te
 from cuvil.errors import ShapeError, UnsupportedOpError
 from cuvil.graph.ir import Node
-from cuvil.ir.expr import Select, TensorRead
+from cuvil.ir.expr import TensorRead
 from cuvil.ir.functor import ExprMutator, substitute, walk
-from cuvil.schedule.auto import STENCIL_TAPS
+from cuvil.schedule.auto import pads_a_stencil
 from cuvil.te.tensor import ComputeOp, Tensor
 
 Builder = Callable[["NodeCtx"], list]
@@ -377,25 +377,21 @@ def _inlinable(op: Any, n_idx: int) -> bool:
 
 
 def _padded_under_taps(body: Any) -> set[int]:
-    """The ids of the padded stages (their bodies select) that one body among ``body`` and the
-    element-wise bodies it reads reads at ``STENCIL_TAPS`` or more places (a depthwise convolution's
-    taps): inlined, each tap would test the padding (see cuvil.schedule.auto._padding_under_taps)."""
+    """The ids of the padded stages that one body among ``body`` and the element-wise bodies it reads
+    reads as a stencil's taps (:func:`cuvil.schedule.auto.pads_a_stencil`): they stay stages."""
     keep: set[int] = set()
     seen: set[int] = set()
     todo = [body]
     while todo:
-        places: dict[int, set[tuple[str, ...]]] = {}
-        selects: set[int] = set()
-        for n in walk(todo.pop()):
-            if isinstance(n, TensorRead) and _inlinable(n.tensor.op, len(n.indices)):
-                op = n.tensor.op
-                places.setdefault(id(op), set()).add(tuple(str(x) for x in n.indices))
-                if any(isinstance(m, Select) for m in walk(op.body)):
-                    selects.add(id(op))
-                if id(op) not in seen:
-                    seen.add(id(op))
-                    todo.append(op.body)
-        keep.update(k for k, p in places.items() if k in selects and len(p) >= STENCIL_TAPS)
+        b = todo.pop()
+        read = {id(n.tensor.op): n.tensor.op for n in walk(b)
+                if isinstance(n, TensorRead) and _inlinable(n.tensor.op, len(n.indices))}
+        for k, op in read.items():
+            if pads_a_stencil(op, b):
+                keep.add(k)
+            if k not in seen:
+                seen.add(k)
+                todo.append(op.body)
     return keep
 
 

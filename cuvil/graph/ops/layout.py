@@ -111,15 +111,9 @@ def conv_nhwc(ctx: NodeCtx) -> list:
 
     end = [max(0, (o - 1) * st + d * (k - 1) + 1 - bg - size)
            for o, st, d, k, bg, size in zip(out, strides, dil, (kh, kw), begin, (h, w_))]
-    if depthwise and nchw_in:  # (a network's first convolution, depthwise: rare) the taps test the padding
-        wt = ctx.constant(np.ascontiguousarray(w[:, 0].transpose(1, 2, 0)), keyed=False)  # (kh, kw, C)
-
-        def dw_body(n_: Any, y: Any, x: Any, c_: Any) -> Any:
-            taps = [tap(n_, y, x, c_, ky, kx) * wt[ky, kx, c_] for ky, kx in itertools.product(range(kh), range(kw))]
-            return _chained_sum(taps, None if b is None else b[c_])
-
-        return [te.compute((n, oh, ow, m), dw_body, name="conv_dw")]
-    if any(begin) or any(end):
+    # a depthwise first convolution reading the NCHW input (rare) tests the padding in its taps instead
+    copy = not (depthwise and nchw_in)
+    if copy and (any(begin) or any(end)):
         # a padded copy, computed once per call: a dense convolution's reduction reads each element kh * kw
         # times, and so do a depthwise convolution's taps (the scheduler keeps it: plain loads, no test per tap)
         src = X
@@ -137,12 +131,16 @@ def conv_nhwc(ctx: NodeCtx) -> list:
         wt = ctx.constant(np.ascontiguousarray(w[:, 0].transpose(1, 2, 0)), keyed=False)  # (kh, kw, C)
         Xp = X
 
-        def dwp_body(n_: Any, y: Any, x: Any, c_: Any) -> Any:
-            taps = [Xp[n_, y * strides[0] + ky * dil[0], x * strides[1] + kx * dil[1], c_] * wt[ky, kx, c_]
-                    for ky, kx in itertools.product(range(kh), range(kw))]
+        def at(n_: Any, y: Any, x: Any, c_: Any, ky: int, kx: int) -> Any:
+            if not copy:
+                return tap(n_, y, x, c_, ky, kx)
+            return Xp[n_, y * strides[0] + ky * dil[0], x * strides[1] + kx * dil[1], c_]
+
+        def dw_body(n_: Any, y: Any, x: Any, c_: Any) -> Any:
+            taps = [at(n_, y, x, c_, ky, kx) * wt[ky, kx, c_] for ky, kx in itertools.product(range(kh), range(kw))]
             return _chained_sum(taps, None if b is None else b[c_])
 
-        return [te.compute((n, oh, ow, m), dwp_body, name="conv_dw")]
+        return [te.compute((n, oh, ow, m), dw_body, name="conv_dw")]
     wr = _weights(ctx, w)
     rc = te.reduce_axis((0, c), name="rc")
     ry = te.reduce_axis((0, kh), name="ry")
