@@ -42,6 +42,19 @@ class InferenceSession:
     def __init__(self, path_or_bytes: Any, sess_options: Any = None, providers: Any = None, target: str = "llvm",
                  num_threads: int | None = None, tuning_db: Any = None, **kwargs: Any):
         from cuvil.frontend.onnx import import_model, load_model
+
+        self._setup(import_model(load_model(path_or_bytes)), target, num_threads, tuning_db)
+
+    @classmethod
+    def from_graph(cls, graph: Any, target: str = "llvm", num_threads: int | None = None,
+                   tuning_db: Any = None) -> InferenceSession:
+        """A session over an imported :class:`cuvil.graph.ir.Graph` (what the PyTorch front end
+        hands over): the same compilation per signature, runs and ``.so`` export."""
+        self = cls.__new__(cls)
+        self._setup(graph, target, num_threads, tuning_db)
+        return self
+
+    def _setup(self, graph: Any, target: str, num_threads: int | None, tuning_db: Any) -> None:
         from cuvil.graph.compile import prepare
 
         if tuning_db is not None and not isinstance(tuning_db, (str, os.PathLike)) and not hasattr(tuning_db, "best"):
@@ -55,7 +68,7 @@ class InferenceSession:
         self.num_threads = num_threads
         # every unsupported op at once, before compiling anything; then the graph passes (identities,
         # BatchNorm folded into convs, layout, duplicates, dead nodes): once, for every signature
-        self._graph = prepare(import_model(load_model(path_or_bytes)))
+        self._graph = prepare(graph)
         self._feeds = self._graph.feeds
         # each input's (name, dtype, static shape) for the quick check of a well-formed feed
         self._quick = [(v.name, np.dtype(v.dtype), tuple(v.shape)) for v in self._feeds
@@ -218,6 +231,10 @@ class InferenceSession:
                         raise ShapeError(f"input {n!r}: dimension {d} must be {want}, got {got} "
                                          f"(shape {list(a.shape)})")
                     if isinstance(want, str):
+                        lo, hi = self._graph.dims.get(want, (0, None))
+                        if got < lo or (hi is not None and got > hi):
+                            raise ShapeError(f"input {n!r}: dimension {d} ({want}) is {got}, outside the range "
+                                             f"{lo}..{hi if hi is not None else 'inf'} the model was exported for")
                         if want in symbols and symbols[want][0] != got:
                             raise ShapeError(f"input {n!r}: dimension {d} ({want}) is {got}, but {want} is "
                                              f"{symbols[want][0]} in input {symbols[want][1]!r}")

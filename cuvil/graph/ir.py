@@ -51,6 +51,8 @@ class Graph:
     nodes: list[Node]
     opset: int
     value_info: dict[str, ValueInfo] = field(default_factory=dict)
+    # each symbolic dimension's range of sizes (lowest, highest or None), where the importer knows it
+    dims: dict[str, tuple[int, int | None]] = field(default_factory=dict)
 
     @property
     def feeds(self) -> list[ValueInfo]:

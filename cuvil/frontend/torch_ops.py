@@ -1,0 +1,500 @@
+"""The ATen -> graph IR table: one translation per ATen overload (``"aten::add.Tensor"``), each writing
+nodes of the graph IR's operators (ONNX's, opset 18) through a :class:`~cuvil.frontend.torch.Builder`.
+
+A translation is ``f(b, node, args, kwargs) -> value``: ``node`` is the FX node (its ``meta["val"]``
+gives the result's dtype and shape), ``args`` / ``kwargs`` its arguments with every FX node replaced by
+its value: a graph value's name (str), a :class:`~cuvil.frontend.torch.Sym` (a symbolic size), a
+Python number, or a list / tuple of those.  It returns the node's value (a tuple for several results).
+Type promotion follows torch: an element-wise node's inputs are cast to the dtype torch computes in.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from cuvil.errors import UnsupportedOpError
+from cuvil.frontend.torch import Builder, Sym, _dim, _meta, torch_dtype_name
+
+TABLE: dict[str, Callable] = {}
+
+
+def aten(*names: str) -> Callable[[Callable], Callable]:
+    def deco(f: Callable) -> Callable:
+        for n in names:
+            TABLE[n if "::" in n or n.startswith("_operator") else f"aten::{n}"] = f
+        return f
+
+    return deco
+
+
+def _dt(n: Any) -> str:
+    """The dtype of FX node ``n``'s (first) result."""
+    m = _meta(n)
+    if isinstance(m, (list, tuple)):
+        m = m[0]
+    return torch_dtype_name(m.dtype)
+
+
+def _shape(a: Any) -> tuple:
+    """The meta shape of FX argument ``a`` (ints, and names for symbolic sizes)."""
+    return tuple(_dim(d) for d in _meta(a).shape)
+
+
+def _rank(a: Any) -> int:
+    return len(_meta(a).shape)
+
+
+def _axis(d: int, rank: int) -> int:
+    return d + rank if d < 0 else d
+
+
+def _compute_dtype(n: Any) -> str:
+    """The dtype torch computes an element-wise node in (its inputs' promoted type)."""
+    import torch
+
+    vals = [_meta(a) if isinstance(a, torch.fx.Node) else a for a in n.args if isinstance(a, (torch.fx.Node, int,
+                                                                                              float, bool))]
+    vals = [v for v in vals if isinstance(v, (torch.Tensor, int, float, bool))]
+    return torch_dtype_name(torch.result_type(*vals[:2])) if len(vals) >= 2 else _dt(n)
+
+
+# -- element-wise -----------------------------------------------------------------------------
+
+_UNARY = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "neg": "Neg", "abs": "Abs", "log": "Log",
+          "exp": "Exp", "sqrt": "Sqrt", "cos": "Cos", "sin": "Sin", "erf": "Erf", "reciprocal": "Reciprocal",
+          "floor": "Floor", "ceil": "Ceil", "round": "Round", "sign": "Sign", "tan": "Tan", "atan": "Atan",
+          "logical_not": "Not", "hardswish": "HardSwish", "softplus": "Softplus"}
+
+
+def _unary(op_type: str) -> Callable:
+    def f(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+        dt = _dt(n)
+        return b.one(op_type, [b.tensor(args[0], dt)], dt)
+
+    return f
+
+
+for _k, _v in _UNARY.items():
+    aten(f"{_k}.default")(_unary(_v))
+
+
+@aten("rsqrt.default")
+def _rsqrt(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    dt = _dt(n)
+    return b.one("Reciprocal", [b.one("Sqrt", [b.tensor(args[0], dt)], dt)], dt)
+
+
+@aten("silu.default")
+def _silu(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    dt = _dt(n)
+    x = b.tensor(args[0], dt)
+    return b.one("Mul", [x, b.one("Sigmoid", [x], dt)], dt)
+
+
+@aten("hardsigmoid.default")
+def _hardsigmoid(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    dt = _dt(n)
+    return b.one("HardSigmoid", [b.tensor(args[0], dt)], dt, alpha=1.0 / 6.0, beta=0.5)
+
+
+@aten("leaky_relu.default")
+def _leaky_relu(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    dt = _dt(n)
+    slope = args[1] if len(args) > 1 else kw.get("negative_slope", 0.01)
+    return b.one("LeakyRelu", [b.tensor(args[0], dt)], dt, alpha=float(slope))
+
+
+@aten("elu.default")
+def _elu(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    dt = _dt(n)
+    alpha = args[1] if len(args) > 1 else kw.get("alpha", 1.0)
+    if (len(args) > 2 and args[2] != 1) or (len(args) > 3 and args[3] != 1):
+        raise UnsupportedOpError("scale and input_scale other than 1")
+    return b.one("Elu", [b.tensor(args[0], dt)], dt, alpha=float(alpha))
+
+
+@aten("gelu.default")
+def _gelu(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    dt = _dt(n)
+    return b.one("Gelu", [b.tensor(args[0], dt)], dt, approximate=kw.get("approximate", "none"))
+
+
+_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "maximum": "Max", "minimum": "Min",
+           "pow": "Pow", "remainder": "Mod", "fmod": "Mod", "atan2": None}
+_COMPARE = {"eq": "Equal", "ne": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater", "ge": "GreaterOrEqual"}
+_LOGICAL = {"bitwise_and": ("And", "BitwiseAnd"), "bitwise_or": ("Or", "BitwiseOr"),
+            "bitwise_xor": ("Xor", "BitwiseXor"), "logical_and": ("And", None), "logical_or": ("Or", None),
+            "logical_xor": ("Xor", None)}
+
+
+def _binary(name: str, op_type: str) -> Callable:
+    def f(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+        dt = _dt(n)
+        x, y = b.tensor(args[0], dt), b.tensor(args[1], dt)
+        alpha = kw.get("alpha", 1)
+        if alpha != 1:
+            y = b.one("Mul", [y, b.const(alpha, dt)], dt)
+        if name == "div" and kw.get("rounding_mode") is not None:
+            if dt.startswith("float"):
+                q = b.one("Div", [x, y], dt)
+                return b.one("Floor" if kw["rounding_mode"] == "floor" else "Trunc", [q], dt) \
+                    if kw["rounding_mode"] == "floor" else _trunc(b, q, dt)
+            if kw["rounding_mode"] == "trunc":
+                return b.one("Div", [x, y], dt)  # integer Div truncates
+            raise UnsupportedOpError("integer division with rounding_mode='floor'")
+        extra = {"fmod": 1} if name == "fmod" else ({"fmod": 0} if name == "remainder" else {})
+        return b.one(op_type, [x, y], dt, **extra)
+
+    return f
+
+
+def _trunc(b: Builder, q: str, dt: str) -> str:
+    """Round towards zero: sign(q) * floor(|q|)."""
+    return b.one("Mul", [b.one("Sign", [q], dt), b.one("Floor", [b.one("Abs", [q], dt)], dt)], dt)
+
+
+for _k, _v in _BINARY.items():
+    if _v is not None:
+        for _ov in ("Tensor", "Scalar", "Tensor_mode", "Tensor_Scalar", "Tensor_Tensor", "Scalar_mode", "default"):
+            aten(f"{_k}.{_ov}")(_binary(_k, _v))
+aten("pow.Scalar")(_binary("pow", "Pow"))
+
+
+def _compare(name: str, op_type: str) -> Callable:
+    def f(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+        dt = _compute_dtype(n)
+        r = b.one(op_type, [b.tensor(args[0], dt), b.tensor(args[1], dt)], "bool")
+        return b.one("Not", [r], "bool") if name == "ne" else r
+
+    return f
+
+
+for _k, _v in _COMPARE.items():
+    for _ov in ("Tensor", "Scalar"):
+        aten(f"{_k}.{_ov}")(_compare(_k, _v))
+
+
+def _logical(name: str, ops: tuple) -> Callable:
+    def f(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+        dt = _dt(n)
+        op_type = ops[0] if dt == "bool" or name.startswith("logical") else ops[1]
+        cdt = "bool" if op_type in ("And", "Or", "Xor") else dt
+        return b.one(op_type, [b.tensor(args[0], cdt), b.tensor(args[1], cdt)], dt)
+
+    return f
+
+
+for _k, _v in _LOGICAL.items():
+    for _ov in ("Tensor", "Scalar", "default"):
+        aten(f"{_k}.{_ov}")(_logical(_k, _v))
+
+
+@aten("bitwise_not.default")
+def _bitwise_not(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    dt = _dt(n)
+    return b.one("Not" if dt == "bool" else "BitwiseNot", [b.tensor(args[0], dt)], dt)
+
+
+@aten("isnan.default")
+def _isnan(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    return b.one("IsNaN", [args[0]], "bool")
+
+
+@aten("where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar")
+def _where(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    dt = _dt(n)
+    return b.one("Where", [b.tensor(args[0], "bool"), b.tensor(args[1], dt), b.tensor(args[2], dt)], dt)
+
+
+@aten("masked_fill.Scalar", "masked_fill.Tensor")
+def _masked_fill(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    dt = _dt(n)
+    return b.one("Where", [b.tensor(args[1], "bool"), b.tensor(args[2], dt), b.tensor(args[0], dt)], dt)
+
+
+@aten("clamp.default", "clamp.Tensor", "hardtanh.default", "clamp_min.default", "clamp_max.default")
+def _clamp(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    dt = _dt(n)
+    name = str(n.target)
+    if "hardtanh" in name:
+        lo, hi = (args[1] if len(args) > 1 else -1.0), (args[2] if len(args) > 2 else 1.0)
+    elif "clamp_min" in name:
+        lo, hi = args[1], None
+    elif "clamp_max" in name:
+        lo, hi = None, args[1]
+    else:
+        lo = args[1] if len(args) > 1 else kw.get("min")
+        hi = args[2] if len(args) > 2 else kw.get("max")
+    ins = [b.tensor(args[0], dt), b.tensor(lo, dt) if lo is not None else "",
+           b.tensor(hi, dt) if hi is not None else ""]
+    while ins[-1] == "":
+        ins.pop()
+    return b.one("Clip", ins, dt)
+
+
+@aten("_to_copy.default", "to.dtype", "clone.default", "alias.default", "detach.default", "lift_fresh_copy.default",
+      "contiguous.default", "dropout.default", "native_dropout.default")
+def _copy(b: Builder, n: Any, args: tuple, kw: dict) -> Any:
+    dt = _dt(n)
+    dropout = "dropout" in str(n.target)
+    if dropout and (args[2] if len(args) > 2 else kw.get("train", False)):
+        raise UnsupportedOpError("dropout in training mode is random; cuvil compiles inference")
+    x = b.tensor(args[0], dt)
+    out = x if x != args[0] else b.one("Identity", [x], dt)
+    return (out, None) if str(n.target).startswith("aten.native_dropout") else out
+
+
+@aten("_assert_tensor_metadata.default", "_assert_scalar.default", "sym_constrain_range_for_size.default",
+      "_assert_async.msg", "sym_constrain_range.default")
+def _noop(b: Builder, n: Any, args: tuple, kw: dict) -> None:
+    return None
+
+
+# -- sizes and Python arithmetic on them ----------------------------------------------------------
+
+
+@aten("sym_size.int")
+def _sym_size(b: Builder, n: Any, args: tuple, kw: dict) -> Any:
+    d = _shape(n.args[0])[_axis(args[1], _rank(n.args[0]))]
+    if isinstance(d, int):
+        return d
+    shp = b.one("Shape", [args[0]], "int64")
+    return Sym(b.one("Gather", [shp, b.const(_axis(args[1], _rank(n.args[0])), "int64")], "int64", axis=0))
+
+
+def _sym_arith(op_type: str, py: Callable) -> Callable:
+    def f(b: Builder, n: Any, args: tuple, kw: dict) -> Any:
+        x, y = args
+        if not isinstance(x, Sym) and not isinstance(y, Sym):
+            return py(x, y)
+        return Sym(b.one(op_type, [b.tensor(x, "int64"), b.tensor(y, "int64")], "int64"))
+
+    return f
+
+
+for _f, _o in ((operator.add, "Add"), (operator.sub, "Sub"), (operator.mul, "Mul"), (operator.floordiv, "Div"),
+               (operator.mod, "Mod")):
+    TABLE[f"_operator.{_f.__name__}"] = _sym_arith(_o, _f)
+
+
+@aten("_operator.getitem")
+def _getitem(b: Builder, n: Any, args: tuple, kw: dict) -> Any:
+    v = args[0][args[1]]
+    if v is None:
+        raise UnsupportedOpError(f"result {args[1]} of {n.args[0].name!r} is not computed (a training output)")
+    return v
+
+
+# -- reductions and normalisation -------------------------------------------------------------
+
+
+def _reduce(op_type: str) -> Callable:
+    def f(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+        dt = _dt(n)
+        rank = _rank(n.args[0])
+        dims = args[1] if len(args) > 1 else kw.get("dim")
+        if isinstance(dims, int):
+            dims = [dims]
+        keep = bool(args[2] if len(args) > 2 else kw.get("keepdim", False))
+        x = b.tensor(args[0], dt)
+        if not dims:
+            dims = list(range(rank))
+        axes = b.const([_axis(d, rank) for d in dims], "int64")
+        return b.one(op_type, [x, axes], dt, keepdims=int(keep))
+
+    return f
+
+
+aten("mean.dim", "mean.default")(_reduce("ReduceMean"))
+aten("sum.dim_IntList", "sum.default")(_reduce("ReduceSum"))
+aten("amax.default")(_reduce("ReduceMax"))
+aten("amin.default")(_reduce("ReduceMin"))
+aten("prod.dim_int")(_reduce("ReduceProd"))
+
+
+@aten("argmax.default", "argmin.default")
+def _argmax(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    dim = args[1] if len(args) > 1 else kw.get("dim")
+    keep = bool(args[2] if len(args) > 2 else kw.get("keepdim", False))
+    x = args[0]
+    if dim is None:
+        x, dim = b.one("Reshape", [x, b.const([-1], "int64")], b.dtypes[x]), 0
+    op_type = "ArgMax" if "argmax" in str(n.target) else "ArgMin"
+    return b.one(op_type, [x], "int64", axis=_axis(dim, _rank(n.args[0]) if dim else 1), keepdims=int(keep),
+                 select_last_index=0)
+
+
+@aten("_softmax.default", "softmax.int", "_log_softmax.default", "log_softmax.int")
+def _softmax(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    dt = _dt(n)
+    op_type = "LogSoftmax" if "log_softmax" in str(n.target) else "Softmax"
+    return b.one(op_type, [b.tensor(args[0], dt)], dt, axis=_axis(args[1], _rank(n.args[0])))
+
+
+@aten("layer_norm.default")
+def _layer_norm(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    dt = _dt(n)
+    shape = list(args[1])
+    w = args[2] if len(args) > 2 else kw.get("weight")
+    bias = args[3] if len(args) > 3 else kw.get("bias")
+    eps = args[4] if len(args) > 4 else kw.get("eps", 1e-5)
+    w = w if w is not None else b.const(np.ones(shape, dt))
+    bias = bias if bias is not None else b.const(np.zeros(shape, dt))
+    return b.one("LayerNormalization", [b.tensor(args[0], dt), w, bias], dt, axis=-len(shape), epsilon=float(eps))
+
+
+@aten("_native_batch_norm_legit_no_training.default", "_native_batch_norm_legit.no_stats")
+def _batch_norm(b: Builder, n: Any, args: tuple, kw: dict) -> tuple:
+    dt = _dt(n)
+    x, w, bias, mean, var = args[:5]
+    eps = args[6] if len(args) > 6 else 1e-5
+    c = _shape(n.args[0])[1]
+    w = w if w is not None else b.const(np.ones(c, dt))
+    bias = bias if bias is not None else b.const(np.zeros(c, dt))
+    out = b.one("BatchNormalization", [x, w, bias, mean, var], dt, epsilon=float(eps))
+    return (out, None, None)
+
+
+# -- contractions and convolutions -----------------------------------------------------------
+
+
+def _transposed(b: Builder, w: str) -> str:
+    """``w.T`` of a 2-D weight: a constant when ``w`` is one (folded here), else a Transpose."""
+    if w in b.inits:
+        return b.const(np.ascontiguousarray(b.inits[w].T))
+    return b.one("Transpose", [w], b.dtypes[w], perm=[1, 0])
+
+
+@aten("linear.default")
+def _linear(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    dt = _dt(n)
+    x, w = b.tensor(args[0], dt), args[1]
+    bias = args[2] if len(args) > 2 else kw.get("bias")
+    if _rank(n.args[0]) == 2:
+        return b.one("Gemm", [x, w] + ([bias] if bias is not None else []), dt, transB=1)
+    y = b.one("MatMul", [x, _transposed(b, w)], dt)
+    return b.one("Add", [y, bias], dt) if bias is not None else y
+
+
+@aten("addmm.default")
+def _addmm(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    dt = _dt(n)
+    beta, alpha = float(kw.get("beta", 1)), float(kw.get("alpha", 1))
+    return b.one("Gemm", [args[1], args[2], args[0]], dt, alpha=alpha, beta=beta)
+
+
+@aten("mm.default", "bmm.default", "matmul.default")
+def _matmul(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    return b.one("MatMul", [args[0], args[1]], _dt(n))
+
+
+@aten("convolution.default")
+def _convolution(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    x, w, bias, stride, padding, dilation, transposed, output_padding, groups = args
+    dt = _dt(n)
+    k = len(_shape(n.args[1])) - 2
+    stride, padding, dilation = (list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
+    attrs: dict[str, Any] = {"strides": stride, "pads": padding + padding, "dilations": dilation, "group": groups,
+                             "kernel_shape": list(_shape(n.args[1])[2:])}
+    ins = [x, w] + ([bias] if bias is not None else [])
+    if transposed:
+        attrs["output_padding"] = list(output_padding) * (k if len(output_padding) == 1 else 1)
+        return b.one("ConvTranspose", ins, dt, **attrs)
+    return b.one("Conv", ins, dt, **attrs)
+
+
+@aten("scaled_dot_product_attention.default")
+def _sdpa(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    """softmax(q @ k^T * scale + mask) @ v, as the ONNX exporters write it (the graph compiler's
+    contraction, softmax and fusion passes apply)."""
+    dt = _dt(n)
+    q, k, v = args[:3]
+    mask = args[3] if len(args) > 3 else kw.get("attn_mask")
+    dropout = args[4] if len(args) > 4 else kw.get("dropout_p", 0.0)
+    causal = args[5] if len(args) > 5 else kw.get("is_causal", False)
+    scale = kw.get("scale", args[6] if len(args) > 6 else None)
+    if kw.get("enable_gqa", False):
+        raise UnsupportedOpError("enable_gqa=True (repeat the key/value heads before the call)")
+    if dropout:
+        raise UnsupportedOpError("dropout_p > 0 is random; cuvil compiles inference")
+    qs, ks = _shape(n.args[0]), _shape(n.args[1])
+    if scale is None:
+        if not isinstance(qs[-1], int):
+            raise UnsupportedOpError("a symbolic head size without an explicit scale")
+        scale = 1.0 / math.sqrt(qs[-1])
+    rank = len(ks)
+    kt = b.one("Transpose", [k], dt, perm=list(range(rank - 2)) + [rank - 1, rank - 2])
+    s = b.one("MatMul", [b.one("Mul", [q, b.const(scale, dt)], dt), kt], dt)
+    if causal:
+        lq, lk = qs[-2], ks[-2]
+        if not (isinstance(lq, int) and isinstance(lk, int)):
+            ones = b.one("Expand", [b.const(1, "bool"), b.ints([_sym(b, n.args[0], -2), _sym(b, n.args[1], -2)])],
+                         "bool")
+            keep = b.one("Trilu", [ones], "bool", upper=0)
+        else:
+            keep = b.const(np.tril(np.ones((lq, lk), bool)))
+        mask = keep if mask is None else b.one("And", [keep, b.tensor(mask, "bool")], "bool")
+    if mask is not None:
+        if b.dtypes.get(mask) == "bool":
+            s = b.one("Where", [mask, s, b.const(-np.inf, dt)], dt)
+        else:
+            s = b.one("Add", [s, b.tensor(mask, dt)], dt)
+    p = b.one("Softmax", [s], dt, axis=-1)
+    return b.one("MatMul", [p, v], dt)
+
+
+def _sym(b: Builder, a: Any, axis: int) -> Any:
+    """Size ``axis`` of FX argument ``a``: an int, or a Sym read from the value's shape."""
+    d = _shape(a)[axis]
+    if isinstance(d, int):
+        return d
+    raise UnsupportedOpError(f"a symbolic size ({d}) here")
+
+
+@aten("max_pool2d_with_indices.default", "max_pool2d.default", "max_pool1d.default", "max_pool3d_with_indices.default")
+def _max_pool(b: Builder, n: Any, args: tuple, kw: dict) -> Any:
+    x, kernel = args[0], list(args[1])
+    k = len(kernel)
+    stride = list(args[2]) if len(args) > 2 and args[2] else kernel
+    padding = list(args[3]) if len(args) > 3 else [0]
+    dilation = list(args[4]) if len(args) > 4 else [1]
+    ceil = bool(args[5]) if len(args) > 5 else False
+    stride, padding, dilation = (v * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
+    out = b.one("MaxPool", [x], _dt(n), kernel_shape=kernel, strides=stride, pads=padding + padding,
+                dilations=dilation, ceil_mode=int(ceil))
+    return (out, None) if "with_indices" in str(n.target) else out
+
+
+@aten("avg_pool2d.default", "avg_pool1d.default", "avg_pool3d.default")
+def _avg_pool(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    x, kernel = args[0], list(args[1])
+    k = len(kernel)
+    stride = list(args[2]) if len(args) > 2 and args[2] else kernel
+    padding = list(args[3]) if len(args) > 3 else [0]
+    ceil = bool(args[4]) if len(args) > 4 else False
+    include = bool(args[5]) if len(args) > 5 else True
+    if len(args) > 6 and args[6] is not None:
+        raise UnsupportedOpError("divisor_override")
+    stride, padding = (v * (k if len(v) == 1 else 1) for v in (stride, padding))
+    return b.one("AveragePool", [x], _dt(n), kernel_shape=kernel, strides=stride, pads=padding + padding,
+                 ceil_mode=int(ceil), count_include_pad=int(include))
+
+
+@aten("_adaptive_avg_pool2d.default", "adaptive_avg_pool2d.default")
+def _adaptive_avg_pool(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    out = list(args[1])
+    h, w = _shape(n.args[0])[-2:]
+    if out == [1, 1]:
+        return b.one("GlobalAveragePool", [args[0]], _dt(n))
+    if isinstance(h, int) and isinstance(w, int) and h % out[0] == 0 and w % out[1] == 0:
+        kern = [h // out[0], w // out[1]]
+        return b.one("AveragePool", [args[0]], _dt(n), kernel_shape=kern, strides=kern)
+    raise UnsupportedOpError(f"adaptive pooling of {h}x{w} to {out[0]}x{out[1]} (not a whole window)")
+
+
+from cuvil.frontend import torch_shape_ops  # noqa: E402, F401  (part 2 of the table)

@@ -1,0 +1,175 @@
+"""The PyTorch front end: three ways in, one importer (:mod:`cuvil.frontend.torch`), one graph compiler.
+
+    import torch, cuvil.torch
+    cm = cuvil.torch.compile(model, (x,), dynamic_shapes=None, target="llvm")   # ahead of time
+    y = cm(x)                                  # called like the model, returns what it returns
+    cm.export_library("model.so")              # the same .so + header as an ONNX session's
+
+    fast = torch.compile(model, backend="cuvil")            # inside PyTorch (cuvil.torch.backend)
+
+    @cuvil.compile(target="llvm")                           # a function of torch tensors
+    def matmul_relu(x, w): return torch.relu(torch.matmul(x, w))
+
+Ahead of time, ``torch.export`` traces the model (with ``dynamic_shapes`` as torch.export takes them);
+the ATen graph after :func:`~cuvil.frontend.torch.decompositions` is imported into the graph IR and
+compiled for each input signature on first use (once: a signature seen before never compiles again).
+``import cuvil`` does not import this module or torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from cuvil.errors import ArgumentError, DTypeError, ShapeError
+
+__all__ = ["CompiledModule", "compile", "export"]
+
+log = logging.getLogger("cuvil.torch")
+
+
+def export(model: Any, example_args: Sequence[Any], example_kwargs: Mapping[str, Any] | None = None,
+           dynamic_shapes: Any = None) -> Any:
+    """``torch.export.export`` of ``model`` (a module or a function) under ``no_grad``, then the
+    decompositions the importer takes (:func:`cuvil.frontend.torch.decompositions`)."""
+    import torch
+
+    from cuvil.frontend.torch import decompositions
+
+    if not isinstance(model, torch.nn.Module):
+        model = _FunctionModule(model)
+    if model.training:
+        log.warning("cuvil.torch: %s is in training mode; compiling its inference graph (call .eval() first to "
+                    "silence this)", type(model).__name__)
+    with torch.no_grad():
+        ep = torch.export.export(model, tuple(example_args), kwargs=dict(example_kwargs or {}),
+                                 dynamic_shapes=dynamic_shapes, strict=False)
+        return ep.run_decompositions(decompositions())
+
+
+def compile(model: Any, example_args: Sequence[Any] = (), example_kwargs: Mapping[str, Any] | None = None,
+            dynamic_shapes: Any = None, target: str = "llvm", num_threads: int | None = None,
+            tuning_db: Any = None) -> CompiledModule:
+    """Compile ``model`` (a ``torch.nn.Module`` or a function of tensors) ahead of time for ``target``.
+
+    ``example_args`` / ``example_kwargs`` are what the model is called with; ``dynamic_shapes`` is
+    torch.export's (e.g. ``{"x": {1: torch.export.Dim("seq", max=512)}}``): those sizes stay symbolic
+    and each new size compiles once.  Returns a :class:`CompiledModule`.  Every ATen operator cuvil
+    lacks is listed in one ``UnsupportedOpError`` before anything compiles."""
+    from cuvil.frontend.torch import import_exported_program
+    from cuvil.onnx import InferenceSession
+
+    if isinstance(example_args, Mapping) or not isinstance(example_args, (list, tuple)):
+        example_args = (example_args,)
+    ep = export(model, example_args, example_kwargs, dynamic_shapes)
+    name = type(model).__name__ if not callable(model) or hasattr(model, "forward") else \
+        getattr(model, "__name__", "function")
+    imported = import_exported_program(ep, name)
+    session = InferenceSession.from_graph(imported.graph, target=target, num_threads=num_threads,
+                                          tuning_db=tuning_db)
+    return CompiledModule(session, imported, ep)
+
+
+class CompiledModule:
+    """A model compiled by cuvil, called like the model: the same positional and keyword arguments
+    (CPU tensors; non-contiguous ones are copied, contiguous ones are read in place), and the same
+    result structure (a tensor, a tuple, a ``transformers`` ModelOutput) of CPU tensors that own the
+    compiled program's output buffers."""
+
+    def __init__(self, session: Any, imported: Any, ep: Any):
+        from torch.export.graph_signature import InputKind, TensorArgument
+
+        self.session = session
+        self.imported = imported
+        self._in_spec = ep.call_spec.in_spec
+        self._out_spec = ep.call_spec.out_spec
+        # per flattened user argument: the graph input it feeds, or the constant export fixed
+        self._leaves: list[tuple[str | None, Any]] = []
+        for spec in ep.graph_signature.input_specs:
+            if spec.kind != InputKind.USER_INPUT:
+                continue
+            if isinstance(spec.arg, TensorArgument):
+                self._leaves.append((spec.arg.name, None))
+            else:
+                self._leaves.append((None, getattr(spec.arg, "value", None)))
+        self._dtypes = {v.name: v.dtype for v in imported.graph.inputs}
+
+    @property
+    def graph(self) -> Any:
+        """The imported graph IR (before the graph passes)."""
+        return self.imported.graph
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+        from torch.utils import _pytree as pytree
+
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self._in_spec:
+            if len(flat) != len(self._leaves):
+                raise ArgumentError(f"the compiled model takes {len(self._leaves)} argument value(s) as it was "
+                                    f"exported, got {len(flat)}")
+        feeds: dict[str, np.ndarray] = {}
+        for k, (leaf, (name, const)) in enumerate(zip(flat, self._leaves)):
+            if name is None:
+                if leaf != const and not (leaf is None and const is None):
+                    raise ArgumentError(f"argument {k}: the model was compiled for the value {const!r} (export "
+                                        f"fixes non-tensor arguments), got {leaf!r}")
+                continue
+            feeds[name] = _as_numpy(leaf, name, self._dtypes.get(name), torch)
+        results = self.session.run(None, feeds)
+        it = iter(results)
+        values = [torch.from_numpy(next(it)) if kind == "tensor" else v for kind, v in self.imported.outputs]
+        return pytree.tree_unflatten(values, self._out_spec)
+
+    def export_library(self, path: str | os.PathLike[str], input_shapes: Any = None, **kwargs: Any) -> str:
+        """The model as one shared library and a C header beside it, as
+        :meth:`cuvil.onnx.InferenceSession.export_library` writes them (its arguments are the same)."""
+        return self.session.export_library(path, input_shapes, **kwargs)
+
+    @property
+    def fallbacks(self) -> list[str]:
+        return self.session.fallbacks
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{v.name}: {v.dtype}{list(v.shape or [])}" for v in self.session._feeds)
+        return f"<cuvil.torch.CompiledModule {self.imported.graph.name}({ins}) for {self.session.target!r}>"
+
+
+def _as_numpy(t: Any, name: str, dtype: str | None, torch: Any) -> np.ndarray:
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentError(f"input {name!r}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ArgumentError(f"input {name!r}: a tensor on {t.device}; cuvil's compiled models take CPU tensors")
+    if t.requires_grad:
+        t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    a = t.numpy()
+    if dtype is not None and a.dtype.name != dtype:
+        raise DTypeError(f"input {name!r}: expected {dtype}, got {a.dtype.name}; cuvil does not cast inputs")
+    if a.ndim == 0 and t.dim() != 0:
+        raise ShapeError(f"input {name!r}: shape {list(t.shape)}")
+    return a
+
+
+class _FunctionModule:
+    """A function as a ``torch.nn.Module`` (``torch.export`` takes modules)."""
+
+    def __new__(cls, fn: Any) -> Any:
+        import torch
+
+        class FunctionModule(torch.nn.Module):
+            def __init__(self, f: Any):
+                super().__init__()
+                self.f = f
+
+            def forward(self, *args: Any, **kwargs: Any) -> Any:
+                return self.f(*args, **kwargs)
+
+        m = FunctionModule(fn)
+        m.eval()
+        return m
