@@ -11,6 +11,14 @@ shapes and dtypes, schedules the result (``auto_schedule``, or the te order at
 ``opt_level=0``), builds it once and caches the module; later calls with that
 signature only run it.  The function returns one output tensor or a tuple, and
 the call returns new numpy arrays the same way.
+
+Called with torch tensors, the same decorator compiles a function written with
+torch operations through the PyTorch front end (:func:`cuvil.torch.compile`),
+once per signature, and returns what the function returns, as torch tensors::
+
+    @cuvil.compile(target="llvm", opt_level=2)
+    def matmul_relu(x, w):
+        return torch.relu(torch.matmul(x, w))
 """
 
 from __future__ import annotations
@@ -72,7 +80,9 @@ class CompiledFunction:
         shapes = [(tuple(const_int(d) for d in o.shape), o.dtype) for o in outs]
         return module, shapes, single  # type: ignore[return-value]
 
-    def __call__(self, *arrays: Any) -> Any:
+    def __call__(self, *arrays: Any, **kwargs: Any) -> Any:
+        if kwargs or any(_is_torch_tensor(a) for a in arrays):
+            return self._torch_call(arrays, kwargs)
         key = self._signature(arrays)
         if key not in self.cache:
             self.cache[key] = self._compile(arrays)
@@ -81,12 +91,32 @@ class CompiledFunction:
         module(*arrays, *outs)
         return outs[0] if single else tuple(outs)
 
+    def _torch_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Compile (once per signature) and run the function through the PyTorch front end."""
+        import cuvil.torch
+        from cuvil.runtime.threads import get_num_threads
+        from cuvil.target import Target
+
+        def sig(v: Any) -> Any:
+            return (tuple(v.shape), str(v.dtype)) if _is_torch_tensor(v) else (type(v).__name__, repr(v))
+
+        key = ("torch", tuple(sig(a) for a in args), tuple(sorted((k, sig(v)) for k, v in kwargs.items())),
+               Target(self.target).canonical, get_num_threads())
+        if key not in self.cache:
+            self.cache[key] = cuvil.torch.compile(self.fn, args, kwargs, target=self.target)  # type: ignore[assignment]
+        return self.cache[key](*args, **kwargs)  # type: ignore[operator]
+
     def lowered(self, *arrays: Any) -> str:
         """The loops compiled for these arguments' signature (compiling them if needed)."""
         key = self._signature(arrays)
         if key not in self.cache:
             self.cache[key] = self._compile(arrays)
         return self.cache[key][0].get_source("loops")
+
+
+def _is_torch_tensor(a: Any) -> bool:
+    """Whether ``a`` is a torch.Tensor (without importing torch)."""
+    return any(c.__module__.startswith("torch") and c.__name__ == "Tensor" for c in type(a).__mro__)
 
 
 def _c_name(name: str) -> str:

@@ -154,12 +154,17 @@ def _index(b: Builder, n: Any, args: tuple, kw: dict) -> str:
     if first:
         perm = list(range(first, first + len(at))) + [d for d in range(rank) if d not in at]
         x = b.one("Transpose", [x], dt, perm=perm)
-    shapes = [_shape(n.args[1][k]) for k in at]
-    bshape = _broadcast(shapes)
-    if not _static(bshape):
-        raise UnsupportedOpError("index tensors of symbolic sizes")
-    stacked = [b.one("Unsqueeze", [b.one("Expand", [b.tensor(indices[k], "int64"), b.ints(bshape)], "int64"),
-                                    b.const([-1], "int64")], "int64") for k in at]
+    bshape = _broadcast([_shape(n.args[1][k]) for k in at])
+    idx = [b.tensor(indices[k], "int64") for k in at]
+    if _static(bshape):
+        to = b.ints(bshape)
+    else:  # the broadcast shape, symbolic sizes included, is the shape of the indices' sum
+        total = idx[0]
+        for i in idx[1:]:
+            total = b.one("Add", [total, i], "int64")
+        to = b.one("Shape", [total], "int64")
+    stacked = [b.one("Unsqueeze", [b.one("Expand", [i, to], "int64"), b.const([-1], "int64")], "int64")
+               for i in idx]
     y = b.one("GatherND", [x, b.one("Concat", stacked, "int64", axis=-1)], dt)
     if first:
         nb, rest = len(bshape), rank - len(at)
@@ -174,7 +179,7 @@ def _broadcast(shapes: list[tuple]) -> tuple:
     for d in range(rank):
         sizes = {s[d - rank + len(s)] for s in shapes if d - rank + len(s) >= 0}
         sizes.discard(1)
-        if len(sizes) > 1:
+        if len(sizes) > 1 and all(isinstance(x, int) for x in sizes):
             raise UnsupportedOpError(f"index tensors of shapes {shapes} do not broadcast")
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
@@ -295,3 +300,27 @@ def _flip(b: Builder, n: Any, args: tuple, kw: dict) -> str:
     return b.one("Slice", [args[0], b.const([-1] * len(dims), "int64"), b.const([-_BIG] * len(dims), "int64"),
                            b.const(dims, "int64"), b.const([-1] * len(dims), "int64")], _dt(n)) if dims else \
         b.one("Identity", [args[0]], _dt(n)) if shape is not None else args[0]
+
+
+@aten("as_strided.default", "as_strided_copy.default")
+def _as_strided(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    """A view of the input's storage with other sizes and strides.  The same sizes and the input's own
+    strides (size-1 dimensions aside: a change of memory format) are the input; on a contiguous input
+    of static shape, the elements it reads are a Gather of constant positions."""
+    x, size, stride = args[0], list(args[1]), list(args[2])
+    offset = args[3] if len(args) > 3 and args[3] is not None else kw.get("storage_offset", 0) or 0
+    m = _meta(n.args[0])
+    dt = _dt(n)
+    if not (_static(size) and _static(stride) and _static(m.shape)):
+        raise UnsupportedOpError("as_strided with symbolic sizes")
+    own = [int(s) for s in m.stride()]
+    if offset == 0 and size == [int(d) for d in m.shape] and all(d == 1 or s == o for d, s, o in
+                                                                  zip(size, stride, own)):
+        return b.one("Identity", [x], dt)
+    if not m.is_contiguous():
+        raise UnsupportedOpError("as_strided of a value whose layout is not contiguous")
+    pos = np.full(size, int(offset), np.int64)
+    for d, (sz, st) in enumerate(zip(size, stride)):
+        pos = pos + (np.arange(sz, dtype=np.int64) * st).reshape([sz if k == d else 1 for k in range(len(size))])
+    flat = b.one("Reshape", [x, b.const([-1], "int64")], dt)
+    return b.one("Gather", [flat, b.const(pos)], dt, axis=0)

@@ -72,7 +72,7 @@ def bert(config: str) -> Built:
     vocab, seq = (30522, 128) if full else (512, 16)
     size = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072) if full \
         else dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                  max_position_embeddings=64)
+                  max_position_embeddings=128)  # 128: the dynamic-length tests run sequences up to 128
     model = _model("BertModel", BertConfig(vocab_size=vocab, attn_implementation=_ATTN, pad_token_id=0, **size))
     names = ["input_ids", "attention_mask", "token_type_ids"]
     outputs = ["last_hidden_state", "pooler_output"]

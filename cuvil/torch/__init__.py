@@ -107,11 +107,13 @@ class CompiledModule:
         import torch
         from torch.utils import _pytree as pytree
 
+        kw_spec = self._in_spec.child(1) if self._in_spec.num_children == 2 else None
+        if kwargs and kw_spec is not None and kw_spec.context:  # keyword arguments in the exported order
+            kwargs = {k: kwargs[k] for k in kw_spec.context if k in kwargs} | kwargs
         flat, spec = pytree.tree_flatten((args, kwargs))
         if spec != self._in_spec:
-            if len(flat) != len(self._leaves):
-                raise ArgumentError(f"the compiled model takes {len(self._leaves)} argument value(s) as it was "
-                                    f"exported, got {len(flat)}")
+            raise ArgumentError(f"the model was compiled for arguments structured as {self._in_spec}; got "
+                                f"{spec} (positional and keyword arguments must be those of the example)")
         feeds: dict[str, np.ndarray] = {}
         for k, (leaf, (name, const)) in enumerate(zip(flat, self._leaves)):
             if name is None:
