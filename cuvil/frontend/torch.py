@@ -32,7 +32,9 @@ __all__ = ["Imported", "Sym", "decompositions", "import_exported_program", "impo
            "unsupported_nodes"]
 
 OPSET = 18  # the graph IR's operator semantics: those of ONNX opset 18 (the dynamo exporter's)
-KEEP_WHOLE = ("aten::scaled_dot_product_attention", "aten::gelu", "aten::layer_norm", "aten::linear")
+# kept whole by the decompositions: one node each in the graph IR, as the ONNX exporters write them
+KEEP_WHOLE = ("aten::scaled_dot_product_attention", "aten::gelu", "aten::layer_norm", "aten::linear",
+              "aten::hardswish", "aten::hardsigmoid", "aten::leaky_relu", "aten::elu")
 _ONNX_CODE = {"float32": 1, "uint8": 2, "int8": 3, "int16": 5, "int32": 6, "int64": 7, "bool": 9, "float16": 10,
               "float64": 11}
 _TYPE_STR = {"float32": "float", "float64": "double", "bool": "bool", "float16": "float16", "int8": "int8",
@@ -41,7 +43,8 @@ _TYPE_STR = {"float32": "float", "float64": "double", "bool": "bool", "float16":
 
 def decompositions() -> dict[Any, Callable]:
     """torch.export's default decomposition table without the entries of :data:`KEEP_WHOLE`, which the
-    importer maps whole (attention, GELU, LayerNorm and linear layers keep their fused forms)."""
+    importer maps whole (attention, GELU, LayerNorm, linear layers and the hard activations keep their
+    fused forms)."""
     import torch
 
     table = torch.export.default_decompositions()
