@@ -97,6 +97,13 @@ class CompiledModule:
             else:
                 self._leaves.append((None, getattr(spec.arg, "value", None)))
         self._dtypes = {v.name: v.dtype for v in imported.graph.inputs}
+        # the common call, positional tensors only and a tensor or a flat tuple of them back, skips pytree
+        plain_in = self._in_spec == _spec_of((tuple(range(len(self._leaves))), {}))
+        self._fast_in = plain_in and all(name is not None for name, _ in self._leaves)
+        n_out = len(imported.outputs)
+        self._fast_out = all(kind == "tensor" for kind, _ in imported.outputs) and (
+            (n_out == 1 and self._out_spec.is_leaf()) or self._out_spec == _spec_of(tuple(range(n_out))))
+        self._single = n_out == 1 and self._out_spec.is_leaf()
 
     @property
     def graph(self) -> Any:
@@ -107,6 +114,19 @@ class CompiledModule:
         import torch
         from torch.utils import _pytree as pytree
 
+        if self._fast_in and not kwargs and len(args) == len(self._leaves):
+            feeds = {}
+            for (name, _), t in zip(self._leaves, args):
+                if type(t) is torch.Tensor and t.is_contiguous() and not t.requires_grad:
+                    a = t.numpy()
+                    if a.dtype.name == self._dtypes[name]:
+                        feeds[name] = a
+                        continue
+                feeds[name] = _as_numpy(t, name, self._dtypes.get(name), torch)
+            results = self.session.run(None, feeds)
+            if self._fast_out:
+                return torch.from_numpy(results[0]) if self._single else tuple(torch.from_numpy(r) for r in results)
+            return self._structured(results, torch, pytree)
         kw_spec = self._in_spec.child(1) if self._in_spec.num_children == 2 else None
         if kwargs and kw_spec is not None and kw_spec.context:  # keyword arguments in the exported order
             kwargs = {k: kwargs[k] for k in kw_spec.context if k in kwargs} | kwargs
@@ -122,7 +142,10 @@ class CompiledModule:
                                         f"fixes non-tensor arguments), got {leaf!r}")
                 continue
             feeds[name] = _as_numpy(leaf, name, self._dtypes.get(name), torch)
-        results = self.session.run(None, feeds)
+        return self._structured(self.session.run(None, feeds), torch, pytree)
+
+    def _structured(self, results: list[np.ndarray], torch: Any, pytree: Any) -> Any:
+        """The model's result structure around the outputs (tensors) and the constants export fixed."""
         it = iter(results)
         values = [torch.from_numpy(next(it)) if kind == "tensor" else v for kind, v in self.imported.outputs]
         return pytree.tree_unflatten(values, self._out_spec)
@@ -158,6 +181,12 @@ def _as_numpy(t: Any, name: str, dtype: str | None, torch: Any) -> np.ndarray:
     return a
 
 
+def _spec_of(value: Any) -> Any:
+    from torch.utils import _pytree as pytree
+
+    return pytree.tree_flatten(value)[1]
+
+
 class _FunctionModule:
     """A function as a ``torch.nn.Module`` (``torch.export`` takes modules)."""
 
@@ -175,3 +204,6 @@ class _FunctionModule:
         m = FunctionModule(fn)
         m.eval()
         return m
+
+
+from cuvil.torch import backend as _backend  # noqa: E402, F401  (registers "cuvil" with torch.compile if no entry point does)
