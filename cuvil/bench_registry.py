@@ -24,10 +24,16 @@ cuvil runs untuned (no tuning database), bounds checks as shipped, through
 ``cuvil.onnx.InferenceSession.run(None, feeds)``; onnxruntime with default SessionOptions except
 ``intra_op_num_threads=N`` and ``inter_op_num_threads=1``.  The last lines give, per thread count,
 the geometric mean of the ratios and the worst model, and the load average before and after.
+
+The timing machinery is shared with ``cuvil bench --registry --torch`` (:mod:`cuvil.bench_torch`): an engine is
+a :data:`Spec` (the function that loads and compiles it, by name, so a child process can build it) and, built, a
+:class:`Runner`; :func:`time_together` alternates any number of them in this process, :func:`engines_apart` puts
+each in a process of its own.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -86,10 +92,9 @@ def _check(ours: list[np.ndarray], ref: list[np.ndarray]) -> tuple[bool, float]:
     return ok, worst
 
 
-def _medians(samples: list[list[tuple[float, float]]]) -> tuple[float, float, float, float]:
-    """(cuvil cpu, cuvil wall, ort cpu, ort wall): the medians of the (cpu, wall) samples of each engine."""
-    (cc, cw), (oc, ow) = [(float(np.median([c for c, _ in x])), float(np.median([w for _, w in x]))) for x in samples]
-    return cc, cw, oc, ow
+def _medians(samples: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """The median (cpu, wall) of each engine's (cpu, wall) samples."""
+    return [(float(np.median([c for c, _ in x])), float(np.median([w for _, w in x]))) for x in samples]
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
@@ -131,58 +136,125 @@ def cold_compile(path: str, feeds: dict[str, np.ndarray]) -> tuple[float, list[s
     raise CuvilError(f"compiling {os.path.basename(path)} in a fresh process failed: {tail[0]}")
 
 
-# -- an engine in a process of its own (2 threads and more) ------------------------------------
+# -- engines: built in this process or in a process of their own ------------------------------
+
+# an engine as a child process builds it: ("module:function", keyword arguments), JSON-able; the function,
+# called with threads=N and the keyword arguments, loads what the engine needs (imports, the model) and
+# returns the step that compiles it (timed: the compile time is that step and the first call)
+Spec = tuple[str, dict[str, Any]]
 
 
-def _engine_child() -> None:
-    """In a fresh process: load ``argv[2]`` (``argv[1]``: cuvil or ort) at ``argv[4]`` threads with the
-    feeds of ``argv[3]``; print READY, then answer each ``run N`` line on stdin with the (cpu, wall)
-    seconds of N calls on fresh inputs, as one JSON line.  Only that engine is imported."""
-    engine, path, npz, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    with np.load(npz) as z:
-        example = {k: z[k] for k in z.files}
+def _same(feeds: dict[str, np.ndarray]) -> Any:
+    return feeds
+
+
+@dataclass
+class Runner:
+    """One engine, compiled: ``call(prepare(feeds))`` is one inference, of which only ``call`` is timed;
+    ``to_numpy`` turns what ``call`` returned into the list of output arrays."""
+
+    call: Callable[[Any], Any]
+    prepare: Callable[[dict[str, np.ndarray]], Any] = _same
+    to_numpy: Callable[[Any], list[np.ndarray]] = list
+
+
+@dataclass
+class Measured:
+    """One engine's median (cpu, wall) seconds per call, its compile time (wall: building it and its first
+    call), its outputs on the example inputs, or the error that stopped it."""
+
+    cpu: float = math.nan
+    wall: float = math.nan
+    compile_s: float = math.nan
+    outputs: list[np.ndarray] = field(default_factory=list)
+    error: str = ""
+
+
+def onnx_engine(engine: str, path: str, threads: int) -> Callable[[], Runner]:
+    """``engine`` ("cuvil": :class:`cuvil.onnx.InferenceSession`, cuvil's threads set process-wide; "ort":
+    onnxruntime) on the ONNX file ``path`` at ``threads``, called as ``run(None, feeds)``."""
     if engine == "cuvil":
         import cuvil
         from cuvil.onnx import InferenceSession
 
-        sess: Any = InferenceSession(path)
-        cuvil.set_num_threads(threads)
+        def build() -> Runner:
+            sess = InferenceSession(path)
+            cuvil.set_num_threads(threads)
+            return Runner(lambda feeds: sess.run(None, feeds))
     else:
-        sess = _ort_session(path, threads)
-    rng = np.random.default_rng(2 if engine == "cuvil" else 3)
-    for _ in range(2):  # warm-up: first-call costs, page faults of the buffers
-        sess.run(None, _fresh(example, rng))
-    print("READY", flush=True)
+        def build() -> Runner:
+            sess = _ort_session(path, threads)
+            return Runner(lambda feeds: sess.run(None, feeds))
+    return build
+
+
+def open_engine(spec: Spec, threads: int, example: dict[str, np.ndarray]) -> tuple[Runner, Any, float]:
+    """Load the engine of ``spec`` at ``threads``, compile it and call it once on ``example``: the engine,
+    what that call returned, and the seconds the compile and the call took (wall)."""
+    module, func = spec[0].split(":")
+    build = getattr(importlib.import_module(module), func)(threads=threads, **spec[1])
+    t0 = time.perf_counter()
+    runner = build()
+    first = runner.call(runner.prepare(example))
+    return runner, first, time.perf_counter() - t0
+
+
+def _calls(runner: Runner, example: dict[str, np.ndarray], rng: np.random.Generator, n: int
+           ) -> list[tuple[float, float]]:
+    """The (cpu, wall) seconds of ``n`` calls, each on fresh inputs."""
+    out = []
+    for _ in range(n):
+        args = runner.prepare(_fresh(example, rng))
+        out.append(_timed(lambda args=args: runner.call(args)))
+    return out
+
+
+def _engine_child() -> None:
+    """In a fresh process: open the engine of the job ``argv[1]`` (JSON: spec, threads, the example's .npz,
+    where to write its outputs on it, the seed of its fresh inputs), call it twice more to warm up (first-call
+    costs, page faults of the buffers), print READY and the compile time; then answer each ``run N`` line on
+    stdin with the (cpu, wall) seconds of N calls on fresh inputs, as one JSON line.  Only that engine is
+    imported."""
+    job = json.loads(sys.argv[1])
+    with np.load(job["npz"]) as z:
+        example = {k: z[k] for k in z.files}
+    runner, first, compile_s = open_engine((job["factory"], job["kwargs"]), job["threads"], example)
+    if job["outputs"]:
+        np.savez(job["outputs"], *runner.to_numpy(first))
+    rng = np.random.default_rng(job["seed"])
+    _calls(runner, example, rng, 2)
+    print("READY " + json.dumps({"compile_s": compile_s}), flush=True)
     for line in sys.stdin:
         cmd = line.split()
         if not cmd or cmd[0] != "run":
             break
-        out = []
-        for _ in range(int(cmd[1])):
-            feeds = _fresh(example, rng)
-            out.append(_timed(lambda feeds=feeds: sess.run(None, feeds)))
-        print(json.dumps(out), flush=True)
+        print(json.dumps(_calls(runner, example, rng, int(cmd[1]))), flush=True)
 
 
 class _Engine:
     """One engine in a child process (:func:`_engine_child`), run a block of calls at a time."""
 
-    def __init__(self, engine: str, path: str, npz: str, threads: int):
+    def __init__(self, spec: Spec, npz: str, threads: int, seed: int, outputs: str | None = None,
+                 env: dict[str, str] | None = None):
         from cuvil.errors import CuvilError
 
+        job = {"factory": spec[0], "kwargs": spec[1], "npz": npz, "threads": threads, "outputs": outputs,
+               "seed": seed}
         code = "from cuvil.bench_registry import _engine_child; _engine_child()"
         self.log = tempfile.TemporaryFile("w+")  # its stderr (a pipe nobody reads could fill and block it)
-        self.proc = subprocess.Popen([sys.executable, "-c", code, engine, path, npz, str(threads)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(job)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            if line.startswith("READY"):
+            if line.startswith("READY "):
+                self.compile_s = float(json.loads(line[len("READY "):])["compile_s"])
                 return
         self.proc.wait()
         self.log.seek(0)
         err = [x for x in self.log.read().splitlines() if x.strip()][-1:]
         self.close()
-        raise CuvilError(f"{engine} in a process of its own did not start: {err[0] if err else 'no output'}")
+        name = spec[1].get("engine", spec[0])
+        raise CuvilError(f"{name} in a process of its own did not start: {err[0] if err else 'no output'}")
 
     def block(self, n: int) -> list[tuple[float, float]]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -206,60 +278,116 @@ class _Engine:
         self.log.close()
 
 
-def time_apart(path: str, example: dict[str, np.ndarray], threads: int, rounds: int, budget_s: float
-               ) -> tuple[float, float, float, float]:
-    """Median (cuvil cpu, cuvil wall, ort cpu, ort wall) seconds per call, each engine in its own
-    process, in blocks after a pause, alternated ``max(rounds, 5)`` times."""
+def _rotation(n: int, k: int) -> list[int]:
+    """The order of ``n`` engines in turn ``k``: each goes first in turn (0, 1 / 1, 0 for two)."""
+    return [(k + i) % n for i in range(n)]
+
+
+def _in_blocks(blocks: list[Callable[[int], list[tuple[float, float]]]], rounds: int, budget_s: float
+               ) -> list[list[tuple[float, float]]]:
+    """Each engine's (cpu, wall) samples, ``blocks[e](n)`` timing n calls of engine e: blocks after a pause,
+    the engines in a rotating order, ``max(rounds, 5)`` times; a block as long as ``budget_s`` allows for all
+    of them at the first engine's speed."""
+    first = blocks[0](1)[0][1]
+    per_block = max(3, int(budget_s / max(rounds, 5) / len(blocks) / max(first, 1e-4)))
+    samples: list[list[tuple[float, float]]] = [[] for _ in blocks]
+    for r in range(max(rounds, 5)):
+        for e in _rotation(len(blocks), r):
+            time.sleep(SETTLE_S)
+            samples[e] += blocks[e](per_block)
+    return samples
+
+
+def engines_apart(specs: list[Spec], example: dict[str, np.ndarray], threads: int, rounds: int, budget_s: float,
+                  keep_going: bool = False) -> list[Measured]:
+    """Each engine of ``specs`` in a process of its own (started one after the other), timed in blocks after
+    a pause (:func:`_in_blocks`); its compile time in that process and its outputs on ``example``.  An engine
+    that does not start raises, or with ``keep_going`` is reported in its :class:`Measured` and left out."""
+    from cuvil.errors import CuvilError
+
+    res = [Measured() for _ in specs]
     with tempfile.TemporaryDirectory(prefix="cuvil-bench-") as work:
         npz = os.path.join(work, "feeds.npz")
         np.savez(npz, **example)
-        engines: list[_Engine] = []
+        engines: list[tuple[int, _Engine]] = []
         try:
-            engines += [_Engine("cuvil", path, npz, threads), _Engine("ort", path, npz, threads)]
-            first = engines[0].block(1)[0][1]
-            per_block = max(3, int(budget_s / max(rounds, 5) / 2 / max(first, 1e-4)))
-            samples: list[list[tuple[float, float]]] = [[], []]
-            for r in range(max(rounds, 5)):
-                for e in ((0, 1) if r % 2 == 0 else (1, 0)):
-                    time.sleep(SETTLE_S)
-                    samples[e] += engines[e].block(per_block)
+            for i, spec in enumerate(specs):
+                out = os.path.join(work, f"outputs{i}.npz")
+                try:
+                    engines.append((i, _Engine(spec, npz, threads, seed=2 + i, outputs=out)))
+                except CuvilError as exc:
+                    if not keep_going:
+                        raise
+                    res[i].error = str(exc)
+                    continue
+                res[i].compile_s = engines[-1][1].compile_s
+                with np.load(out) as z:
+                    res[i].outputs = [z[f"arr_{k}"] for k in range(len(z.files))]
+            if engines:
+                samples = _in_blocks([eng.block for _, eng in engines], rounds, budget_s)
+                for (i, _), (cpu, wall) in zip(engines, _medians(samples)):
+                    res[i].cpu, res[i].wall = cpu, wall
         finally:
-            for eng in engines:
+            for _, eng in engines:
                 eng.close()
-    return _medians(samples)
+    return res
+
+
+def compile_apart(spec: Spec, example: dict[str, np.ndarray], threads: int, env: dict[str, str]) -> float:
+    """Seconds to compile the engine of ``spec`` and call it once, in a fresh process with environment ``env``
+    (empty caches, say)."""
+    with tempfile.TemporaryDirectory(prefix="cuvil-bench-") as work:
+        npz = os.path.join(work, "feeds.npz")
+        np.savez(npz, **example)
+        eng = _Engine(spec, npz, threads, seed=2, env=env)
+        eng.close()
+    return eng.compile_s
+
+
+def _onnx_pair(path: str) -> list[Spec]:
+    return [("cuvil.bench_registry:onnx_engine", {"engine": e, "path": path}) for e in ("cuvil", "ort")]
+
+
+def time_apart(path: str, example: dict[str, np.ndarray], threads: int, rounds: int, budget_s: float
+               ) -> tuple[float, float, float, float]:
+    """Median (cuvil cpu, cuvil wall, ort cpu, ort wall) seconds per call, each engine in its own
+    process, in blocks after a pause, alternated ``max(rounds, 5)`` times (:func:`engines_apart`)."""
+    ours, theirs = engines_apart(_onnx_pair(path), example, threads, rounds, budget_s)
+    return ours.cpu, ours.wall, theirs.cpu, theirs.wall
 
 
 # -- latency ----------------------------------------------------------------------------------
 
 
+def time_together(runners: list[Runner], example: dict[str, np.ndarray], threads: int, rounds: int,
+                  budget_s: float) -> list[tuple[float, float]]:
+    """Each engine's median (cpu, wall) seconds per call, all in this process, after two warm-up calls each:
+    at 1 thread call by call, the engines in a rotating order, at least ``2 * rounds`` turns and then while
+    ``budget_s`` lasts (400 turns at most); above, in blocks after a pause (:func:`_in_blocks`;
+    :func:`engines_apart` puts each engine in a process of its own)."""
+    rng = np.random.default_rng(1)
+    for r in runners:  # warm-up: first-call costs, page faults of the buffers
+        _calls(r, example, rng, 2)
+    if threads != 1:
+        return _medians(_in_blocks([lambda n, r=r: _calls(r, example, rng, n) for r in runners], rounds, budget_s))
+    samples: list[list[tuple[float, float]]] = [[] for _ in runners]
+    t_end = time.perf_counter() + budget_s
+    k = 0
+    while k < 2 * rounds or (time.perf_counter() < t_end and k < 400):
+        for e in _rotation(len(runners), k):
+            samples[e] += _calls(runners[e], example, rng, 1)
+        k += 1
+    return _medians(samples)
+
+
 def time_pair(ours: Any, theirs: Any, example: dict[str, np.ndarray], threads: int, rounds: int,
               budget_s: float) -> tuple[float, float, float, float]:
     """Median (cuvil cpu, cuvil wall, ort cpu, ort wall) seconds per ``run(None, feeds)``, both engines
-    in this process (:func:`time_apart` puts each in its own, as ``bench_one`` does above 1 thread)."""
-    rng = np.random.default_rng(1)
-    runs = [lambda f: ours.run(None, f), lambda f: theirs.run(None, f)]
-    for fn in runs:  # warm-up: first-call costs, page faults of the buffers
-        fn(_fresh(example, rng))
-        fn(_fresh(example, rng))
-    samples: list[list[tuple[float, float]]] = [[], []]
-    if threads == 1:  # call by call, alternating which goes first
-        t_end = time.perf_counter() + budget_s
-        k = 0
-        while k < 2 * rounds or (time.perf_counter() < t_end and k < 400):
-            order = (0, 1) if k % 2 == 0 else (1, 0)
-            for e in order:
-                feeds = _fresh(example, rng)
-                samples[e].append(_timed(lambda e=e, feeds=feeds: runs[e](feeds)))
-            k += 1
-    else:  # blocks after a pause
-        per_block = max(3, int(budget_s / max(rounds, 5) / 2 / max(_timed(lambda: runs[0](example))[1], 1e-4)))
-        for r in range(max(rounds, 5)):
-            for e in ((0, 1) if r % 2 == 0 else (1, 0)):
-                time.sleep(SETTLE_S)
-                for _ in range(per_block):
-                    feeds = _fresh(example, rng)
-                    samples[e].append(_timed(lambda e=e, feeds=feeds: runs[e](feeds)))
-    return _medians(samples)
+    in this process (:func:`time_together`; :func:`time_apart` puts each in its own, as ``bench_one`` does
+    above 1 thread)."""
+    (cc, cw), (oc, ow) = time_together([Runner(lambda f, s=s: s.run(None, f)) for s in (ours, theirs)], example,
+                                       threads, rounds, budget_s)
+    return cc, cw, oc, ow
 
 
 def bench_one(model: str, exporter: str, config: str, threads: list[int], rounds: int, budget_s: float,
@@ -332,19 +460,37 @@ def summary(results: list[Result], threads: list[int]) -> list[str]:
     return lines
 
 
+def banner(config: str, legend: str) -> None:
+    """The table's first line: cuvil's version, the host, the load average, the registry config, ``legend``."""
+    import cuvil
+
+    tgt = cuvil.Target("llvm")
+    print(f"cuvil {cuvil.__version__} on {tgt.triple} {tgt.cpu}, {os.cpu_count()} cores, load {load_average()}; "
+          f"registry config {config!r}; {legend}", flush=True)
+
+
+def finish(results: list[Any], summary_lines: list[str], json_path: str | None) -> int:
+    """The table's last lines (``summary_lines``, the load average after); ``results`` (dataclasses with ``error``
+    and ``ok``) written to ``json_path`` if given; 1 if any failed or mismatched."""
+    for line in summary_lines:
+        print(line)
+    print(f"load average after: {load_average()}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump([r.__dict__ for r in results], f, indent=1)
+    return 1 if any(r.error or not r.ok for r in results) else 0
+
+
 def run(models: list[str], exporters: list[str], config: str, threads: list[int], rounds: int = 5,
         budget_s: float = 2.0, cold: bool = True, json_path: str | None = None) -> int:
     """Benchmark the registry (``models``: all when empty) and print the table; 1 if any failed."""
-    import cuvil
     from cuvil import registry
     from cuvil.errors import CuvilError
 
     models = models or [n for n in registry.names() if n != "gpt2-decode"]
-    tgt = cuvil.Target("llvm")
-    print(f"cuvil {cuvil.__version__} on {tgt.triple} {tgt.cpu}, {os.cpu_count()} cores, load {load_average()}; "
-          f"registry config {config!r}; cold = compile in a fresh process, empty kernel cache; fb = fallbacks; 1T: "
-          "median process CPU time per call, alternating call by call; 2T+: median wall time, each engine in "
-          "its own process, blocks after a pause; ratio = cuvil / ort (> 1: cuvil slower)", flush=True)
+    banner(config, "cold = compile in a fresh process, empty kernel cache; fb = fallbacks; 1T: median process CPU "
+           "time per call, alternating call by call; 2T+: median wall time, each engine in its own process, blocks "
+           "after a pause; ratio = cuvil / ort (> 1: cuvil slower)")
     print(header(threads), flush=True)
     results = []
     for model in models:
@@ -356,10 +502,4 @@ def run(models: list[str], exporters: list[str], config: str, threads: list[int]
                 r = Result(model, exporter, error=f"{type(exc).__name__}: {first}")
             results.append(r)
             print(row(r, threads), flush=True)
-    for line in summary(results, threads):
-        print(line)
-    print(f"load average after: {load_average()}")
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump([r.__dict__ for r in results], f, indent=1)
-    return 1 if any(r.error or not r.ok for r in results) else 0
+    return finish(results, summary(results, threads), json_path)

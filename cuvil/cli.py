@@ -4,6 +4,7 @@
     cuvil run model.onnx --input x=x.npy [-o out.npz]
     cuvil bench [model.onnx | zoo name ...] [--threads 1,2]   # whole models beside onnxruntime
     cuvil bench --ops [--quick] [--only matmul]         # operators beside numpy (cuvil.bench)
+    cuvil bench --registry --torch [names] [--config ci]  # torch eager, Inductor, cuvil.torch beside onnxruntime
     cuvil tune ...                                       # the autotuner (cuvil.autotune.cli)
     cuvil demo | info
 """
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     p_bench.add_argument("--exporter", default="dynamo", help="--registry: dynamo, torchscript or both, "
                          "comma-separated")
     p_bench.add_argument("--json", default=None, metavar="FILE", help="--registry: also write the results here")
+    p_bench.add_argument("--torch", action="store_true", help="--registry: eager torch, torch.compile (Inductor) "
+                         "and cuvil's PyTorch front end beside cuvil's ONNX path and onnxruntime (cuvil.bench_torch)")
     from cuvil import cli_onnx
 
     cli_onnx.add_parsers(sub)
@@ -158,10 +161,17 @@ def main(argv: list[str] | None = None) -> int:
         from cuvil import bench_model
 
         models = list(args.models) + [m for m in (args.model_list or "").split(",") if m]
+        if args.torch and not args.registry:
+            parser.error("--torch needs --registry (cuvil bench --registry --torch [names])")
         if args.registry:
             from cuvil import bench_registry
 
             names = [n for m in models for n in m.split(",") if n]
+            if args.torch:
+                from cuvil import bench_torch
+
+                return bench_torch.run(names, args.config, threads, rounds=args.rounds, cold=not args.no_cold,
+                                       json_path=args.json)
             return bench_registry.run(names, [e for e in args.exporter.split(",") if e], args.config, threads,
                                       rounds=args.rounds, cold=not args.no_cold, json_path=args.json)
         return bench_model.run(models, threads, cold=not args.no_cold, rounds=args.rounds,

@@ -35,8 +35,9 @@ def cache_dir() -> str | None:
 # sources that cannot change a lowered kernel or its machine code (command line, benchmarks, the tuner,
 # the session's plumbing, export, loading a .so): editing them keeps the cache valid
 _NOT_IN_KERNELS = frozenset({
-    "autotune", "cli.py", "cli_onnx.py", "bench.py", "bench_model.py", "bench_registry.py", "zoo.py", "onnx.py",
-    "registry",
+    "autotune", "cli.py", "cli_onnx.py", "bench.py", "bench_model.py", "bench_registry.py", "bench_torch.py",
+    "zoo.py", "onnx.py", "registry", "decorator.py",
+    "frontend", "torch",  # importers write graph IR: a kernel's key holds its op, attributes and shapes
     "graph/export.py", "graph/export_api.py", "graph/export_header.py", "graph/profile.py", "runtime/loader.py",
 })
 
