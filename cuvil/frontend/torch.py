@@ -105,6 +105,7 @@ class Builder:
     dtypes: dict[str, str] = field(default_factory=dict)
     _count: int = 0
     _consts: dict[tuple, str] = field(default_factory=dict)
+    memo: dict[tuple, str] = field(default_factory=dict)  # values derived once per source (a weight's transpose)
     where: str = ""  # the FX node being translated (for node names)
 
     def fresh(self, base: str) -> str:
@@ -216,6 +217,7 @@ class _Importer:
     def __init__(self, name: str):
         self.b = Builder()
         self.env: dict[Any, Any] = {}
+        self.value_info: dict[str, ValueInfo] = {}
         self.name = name
 
     def resolve(self, a: Any) -> Any:
@@ -286,11 +288,25 @@ class _Importer:
         for n in gm.graph.nodes:
             if n.op == "call_function":
                 self.env[n] = self.call(n)
+                self.note_shapes(self.env[n], _meta(n))
             elif n.op == "get_attr":
                 self.env[n] = self.b.const(_array(getattr(gm, n.target)))
             elif n.op == "output":
                 return Imported(self._graph(inputs, n.args[0], dims), tuple(fed), self._outputs)
         raise ModelError(f"{self.name}: the FX graph has no output node")
+
+    def note_shapes(self, value: Any, meta: Any) -> None:
+        """Record the shape and dtype torch gives a node's result(s) as the graph's value info (the graph
+        passes read it, as they read ONNX shape inference's)."""
+        import torch
+
+        if isinstance(value, str) and isinstance(meta, torch.Tensor) and value not in self.b.inits:
+            dt = self.b.dtypes.get(value)
+            self.value_info[value] = ValueInfo(value, dt, tuple(_dim(d) for d in meta.shape),
+                                               f"tensor({_TYPE_STR.get(dt or '', dt)})")
+        elif isinstance(value, (tuple, list)) and isinstance(meta, (tuple, list)) and len(value) == len(meta):
+            for v, m in zip(value, meta):
+                self.note_shapes(v, m)
 
     def _graph(self, inputs: list[ValueInfo], result: Any, dims: dict) -> Graph:
         import torch
@@ -317,7 +333,7 @@ class _Importer:
             plan.append(("tensor", v))
         self._outputs = tuple(plan)
         inits = dict(self.b.inits)
-        return Graph(self.name, inputs, outs, inits, self.b.nodes, OPSET, dims=dims)
+        return Graph(self.name, inputs, outs, inits, self.b.nodes, OPSET, self.value_info, dims=dims)
 
 
 def _range(d: Any) -> tuple[int, int | None]:
