@@ -287,6 +287,8 @@ class _Importer:
             self.env[n] = self.sym_input(n, tensors) if isinstance(m, torch.SymInt) else m
         for n in gm.graph.nodes:
             if n.op == "call_function":
+                if not n.users:  # dead (a training output's getitem, an assertion): nothing to compute
+                    continue
                 self.env[n] = self.call(n)
                 self.note_shapes(self.env[n], _meta(n))
             elif n.op == "get_attr":

@@ -53,6 +53,14 @@ def _axis(d: int, rank: int) -> int:
     return d + rank if d < 0 else d
 
 
+def _operand(b: Builder, v: Any, dt: str) -> str:
+    """``v`` (a value or a Python number) as a value of ``dt``; an integer that ``dt`` cannot hold wraps
+    around, as torch casts it (``uint8_tensor + (-3)`` adds 253)."""
+    if isinstance(v, int) and not isinstance(v, bool) and dt != "bool" and not dt.startswith("float"):
+        v = np.asarray(v).astype(dt)[()]
+    return b.tensor(v, dt)
+
+
 def _compute_dtype(n: Any) -> str:
     """The dtype torch computes an element-wise node in (its inputs' promoted type)."""
     import torch
@@ -68,7 +76,7 @@ def _compute_dtype(n: Any) -> str:
 _UNARY = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "neg": "Neg", "abs": "Abs", "log": "Log",
           "exp": "Exp", "sqrt": "Sqrt", "cos": "Cos", "sin": "Sin", "erf": "Erf", "reciprocal": "Reciprocal",
           "floor": "Floor", "ceil": "Ceil", "round": "Round", "sign": "Sign", "tan": "Tan", "atan": "Atan",
-          "logical_not": "Not", "hardswish": "HardSwish", "softplus": "Softplus"}
+          "logical_not": "Not", "hardswish": "HardSwish"}
 
 
 def _unary(op_type: str) -> Callable:
@@ -111,11 +119,33 @@ def _leaky_relu(b: Builder, n: Any, args: tuple, kw: dict) -> str:
 
 @aten("elu.default")
 def _elu(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    """``scale * (x if x > 0 else alpha * (exp(input_scale * x) - 1))`` (SELU: scale and alpha; CELU:
+    input_scale = 1 / alpha)."""
     dt = _dt(n)
-    alpha = args[1] if len(args) > 1 else kw.get("alpha", 1.0)
-    if (len(args) > 2 and args[2] != 1) or (len(args) > 3 and args[3] != 1):
-        raise UnsupportedOpError("scale and input_scale other than 1")
-    return b.one("Elu", [b.tensor(args[0], dt)], dt, alpha=float(alpha))
+    alpha, scale, input_scale = (args[k] if len(args) > k else kw.get(name, 1.0)
+                                 for k, name in ((1, "alpha"), (2, "scale"), (3, "input_scale")))
+    x = b.tensor(args[0], dt)
+    if input_scale == 1:
+        y = b.one("Elu", [x], dt, alpha=float(alpha))
+    else:
+        neg = b.one("Mul", [b.one("Sub", [b.one("Exp", [b.one("Mul", [x, b.const(input_scale, dt)], dt)], dt),
+                                          b.const(1, dt)], dt), b.const(alpha, dt)], dt)
+        y = b.one("Where", [b.one("Greater", [x, b.const(0, dt)], "bool"), x, neg], dt)
+    return y if scale == 1 else b.one("Mul", [y, b.const(scale, dt)], dt)
+
+
+@aten("softplus.default")
+def _softplus(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    """``log(1 + exp(beta * x)) / beta``, and ``x`` where ``beta * x > threshold``."""
+    dt = _dt(n)
+    beta = args[1] if len(args) > 1 else kw.get("beta", 1.0)
+    threshold = args[2] if len(args) > 2 else kw.get("threshold", 20.0)
+    x = b.tensor(args[0], dt)
+    bx = x if beta == 1 else b.one("Mul", [x, b.const(beta, dt)], dt)
+    y = b.one("Softplus", [bx], dt)
+    if beta != 1:
+        y = b.one("Div", [y, b.const(beta, dt)], dt)
+    return b.one("Where", [b.one("Greater", [bx, b.const(threshold, dt)], "bool"), x, y], dt)
 
 
 @aten("gelu.default")
@@ -124,29 +154,36 @@ def _gelu(b: Builder, n: Any, args: tuple, kw: dict) -> str:
     return b.one("Gelu", [b.tensor(args[0], dt)], dt, approximate=kw.get("approximate", "none"))
 
 
-_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "maximum": "Max", "minimum": "Min",
-           "pow": "Pow", "remainder": "Mod", "fmod": "Mod", "atan2": None}
+# op -> (ONNX operator, the overloads ATen has)
+_BINARY = {"add": ("Add", "Tensor Scalar"), "sub": ("Sub", "Tensor Scalar"), "mul": ("Mul", "Tensor Scalar"),
+           "div": ("Div", "Tensor Scalar Tensor_mode Scalar_mode"), "maximum": ("Max", "default"),
+           "minimum": ("Min", "default"), "pow": ("Pow", "Tensor_Tensor Tensor_Scalar Scalar"),
+           "remainder": ("Mod", "Tensor Scalar Scalar_Tensor"), "fmod": ("Mod", "Tensor Scalar")}
 _COMPARE = {"eq": "Equal", "ne": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater", "ge": "GreaterOrEqual"}
+# op -> (the operator on bools, the operator on integers)
 _LOGICAL = {"bitwise_and": ("And", "BitwiseAnd"), "bitwise_or": ("Or", "BitwiseOr"),
             "bitwise_xor": ("Xor", "BitwiseXor"), "logical_and": ("And", None), "logical_or": ("Or", None),
             "logical_xor": ("Xor", None)}
+_BOOL_ARITH = {"Add": "Or", "Mul": "And", "Max": "Or", "Min": "And"}  # torch's arithmetic on bool tensors
 
 
 def _binary(name: str, op_type: str) -> Callable:
     def f(b: Builder, n: Any, args: tuple, kw: dict) -> str:
         dt = _dt(n)
-        x, y = b.tensor(args[0], dt), b.tensor(args[1], dt)
+        x, y = _operand(b, args[0], dt), _operand(b, args[1], dt)
         alpha = kw.get("alpha", 1)
         if alpha != 1:
             y = b.one("Mul", [y, b.const(alpha, dt)], dt)
-        if name == "div" and kw.get("rounding_mode") is not None:
-            if dt.startswith("float"):
-                q = b.one("Div", [x, y], dt)
-                return b.one("Floor" if kw["rounding_mode"] == "floor" else "Trunc", [q], dt) \
-                    if kw["rounding_mode"] == "floor" else _trunc(b, q, dt)
-            if kw["rounding_mode"] == "trunc":
-                return b.one("Div", [x, y], dt)  # integer Div truncates
-            raise UnsupportedOpError("integer division with rounding_mode='floor'")
+        if dt == "bool":
+            if op_type not in _BOOL_ARITH:
+                raise UnsupportedOpError(f"{name} of bool tensors")
+            return b.one(_BOOL_ARITH[op_type], [x, y], dt)
+        mode = kw.get("rounding_mode")
+        if name == "div" and mode is not None:
+            if mode == "floor":
+                return _floor_div(b, x, y, dt)
+            q = b.one("Div", [x, y], dt)  # integer Div truncates
+            return _trunc(b, q, dt) if dt.startswith("float") else q
         extra = {"fmod": 1} if name == "fmod" else ({"fmod": 0} if name == "remainder" else {})
         return b.one(op_type, [x, y], dt, **extra)
 
@@ -158,17 +195,27 @@ def _trunc(b: Builder, q: str, dt: str) -> str:
     return b.one("Mul", [b.one("Sign", [q], dt), b.one("Floor", [b.one("Abs", [q], dt)], dt)], dt)
 
 
-for _k, _v in _BINARY.items():
-    if _v is not None:
-        for _ov in ("Tensor", "Scalar", "Tensor_mode", "Tensor_Scalar", "Tensor_Tensor", "Scalar_mode", "default"):
-            aten(f"{_k}.{_ov}")(_binary(_k, _v))
-aten("pow.Scalar")(_binary("pow", "Pow"))
+def _floor_div(b: Builder, x: str, y: str, dt: str) -> str:
+    """``x // y`` rounded down, as torch (and Python) compute it: ``(x - x mod y) / y`` with the remainder
+    that takes the divisor's sign (Mod, fmod=0), a whole multiple of ``y``.  On integers Div's truncation
+    is then exact; on floats the quotient is rounded to that whole number (``floor(x / y)`` differs where
+    ``x / y`` rounds up to an integer: 1 // 0.1 is 9), and a division by zero is ``x / y``."""
+    q = b.one("Div", [b.one("Sub", [x, b.one("Mod", [x, y], dt, fmod=0)], dt), y], dt)
+    if not dt.startswith("float"):
+        return q
+    return b.one("Where", [b.one("Equal", [y, b.const(0, dt)], "bool"), b.one("Div", [x, y], dt),
+                           b.one("Round", [q], dt)], dt)
+
+
+for _k, (_v, _overloads) in _BINARY.items():
+    for _ov in _overloads.split():
+        aten(f"{_k}.{_ov}")(_binary(_k, _v))
 
 
 def _compare(name: str, op_type: str) -> Callable:
     def f(b: Builder, n: Any, args: tuple, kw: dict) -> str:
         dt = _compute_dtype(n)
-        r = b.one(op_type, [b.tensor(args[0], dt), b.tensor(args[1], dt)], "bool")
+        r = b.one(op_type, [_operand(b, args[0], dt), _operand(b, args[1], dt)], "bool")
         return b.one("Not", [r], "bool") if name == "ne" else r
 
     return f
@@ -184,13 +231,13 @@ def _logical(name: str, ops: tuple) -> Callable:
         dt = _dt(n)
         op_type = ops[0] if dt == "bool" or name.startswith("logical") else ops[1]
         cdt = "bool" if op_type in ("And", "Or", "Xor") else dt
-        return b.one(op_type, [b.tensor(args[0], cdt), b.tensor(args[1], cdt)], dt)
+        return b.one(op_type, [_operand(b, args[0], cdt), _operand(b, args[1], cdt)], dt)
 
     return f
 
 
 for _k, _v in _LOGICAL.items():
-    for _ov in ("Tensor", "Scalar", "default"):
+    for _ov in ("default",) if _k.startswith("logical") else ("Tensor", "Scalar", "Scalar_Tensor"):
         aten(f"{_k}.{_ov}")(_logical(_k, _v))
 
 
@@ -237,8 +284,8 @@ def _clamp(b: Builder, n: Any, args: tuple, kw: dict) -> str:
     return b.one("Clip", ins, dt)
 
 
-@aten("_to_copy.default", "to.dtype", "clone.default", "alias.default", "detach.default", "lift_fresh_copy.default",
-      "contiguous.default", "dropout.default", "native_dropout.default")
+@aten("_to_copy.default", "clone.default", "alias.default", "detach.default", "lift_fresh_copy.default",
+      "native_dropout.default")
 def _copy(b: Builder, n: Any, args: tuple, kw: dict) -> Any:
     dt = _dt(n)
     dropout = "dropout" in str(n.target)
@@ -249,8 +296,7 @@ def _copy(b: Builder, n: Any, args: tuple, kw: dict) -> Any:
     return (out, None) if str(n.target).startswith("aten.native_dropout") else out
 
 
-@aten("_assert_tensor_metadata.default", "_assert_scalar.default", "sym_constrain_range_for_size.default",
-      "_assert_async.msg", "sym_constrain_range.default")
+@aten("_assert_tensor_metadata.default", "_assert_scalar.default", "_assert_async.msg")
 def _noop(b: Builder, n: Any, args: tuple, kw: dict) -> None:
     return None
 
@@ -272,7 +318,20 @@ def _sym_arith(op_type: str, py: Callable) -> Callable:
         x, y = args
         if not isinstance(x, Sym) and not isinstance(y, Sym):
             return py(x, y)
-        return Sym(b.one(op_type, [b.tensor(x, "int64"), b.tensor(y, "int64")], "int64"))
+        x, y = b.tensor(x, "int64"), b.tensor(y, "int64")
+        return Sym(_floor_div(b, x, y, "int64") if py is operator.floordiv else b.one(op_type, [x, y], "int64"))
+
+    return f
+
+
+def _sym_compare(op_type: str, py: Callable) -> Callable:
+    """A comparison of sizes (the condition of an ``_assert_scalar``): a Python bool, or a bool Sym."""
+    def f(b: Builder, n: Any, args: tuple, kw: dict) -> Any:
+        x, y = args
+        if not isinstance(x, Sym) and not isinstance(y, Sym):
+            return py(x, y)
+        r = b.one(op_type, [b.tensor(x, "int64"), b.tensor(y, "int64")], "bool")
+        return Sym(b.one("Not", [r], "bool") if py is operator.ne else r)
 
     return f
 
@@ -280,6 +339,9 @@ def _sym_arith(op_type: str, py: Callable) -> Callable:
 for _f, _o in ((operator.add, "Add"), (operator.sub, "Sub"), (operator.mul, "Mul"), (operator.floordiv, "Div"),
                (operator.mod, "Mod")):
     TABLE[f"_operator.{_f.__name__}"] = _sym_arith(_o, _f)
+for _f, _o in ((operator.eq, "Equal"), (operator.ne, "Equal"), (operator.lt, "Less"), (operator.le, "LessOrEqual"),
+               (operator.gt, "Greater"), (operator.ge, "GreaterOrEqual")):
+    TABLE[f"_operator.{_f.__name__}"] = _sym_compare(_o, _f)
 
 
 @aten("_operator.getitem")
@@ -317,16 +379,30 @@ aten("amin.default")(_reduce("ReduceMin"))
 aten("prod.dim_int")(_reduce("ReduceProd"))
 
 
+@aten("any.dim", "any.dims", "any.default")
+def _any(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    """Whether any element along ``dim`` is non-zero: a max of the values as 0 / 1 (``all`` decomposes
+    to ``not any(not x)``)."""
+    rank = _rank(n.args[0])
+    dims = args[1] if len(args) > 1 else kw.get("dim")
+    dims = list(range(rank)) if dims is None else ([dims] if isinstance(dims, int) else list(dims))
+    keep = bool(args[2] if len(args) > 2 else kw.get("keepdim", False))
+    flags = b.one("Cast", [b.tensor(args[0], "bool")], "int32", to=6)
+    r = b.one("ReduceMax", [flags, b.const([_axis(d, rank) for d in dims], "int64")], "int32", keepdims=int(keep))
+    return b.one("Cast", [r], "bool", to=9)
+
+
 @aten("argmax.default", "argmin.default")
 def _argmax(b: Builder, n: Any, args: tuple, kw: dict) -> str:
     dim = args[1] if len(args) > 1 else kw.get("dim")
     keep = bool(args[2] if len(args) > 2 else kw.get("keepdim", False))
-    x = args[0]
-    if dim is None:
-        x, dim = b.one("Reshape", [x, b.const([-1], "int64")], b.dtypes[x]), 0
+    x, rank = args[0], _rank(n.args[0])
     op_type = "ArgMax" if "argmax" in str(n.target) else "ArgMin"
-    return b.one(op_type, [x], "int64", axis=_axis(dim, _rank(n.args[0]) if dim else 1), keepdims=int(keep),
-                 select_last_index=0)
+    if dim is not None:
+        return b.one(op_type, [x], "int64", axis=_axis(dim, rank), keepdims=int(keep), select_last_index=0)
+    flat = b.one("Reshape", [x, b.const([-1], "int64")], b.dtypes[x])
+    r = b.one(op_type, [flat], "int64", axis=0, keepdims=int(keep), select_last_index=0)
+    return b.one("Reshape", [r, b.const([1] * rank, "int64")], "int64") if keep else r  # keepdim: all sizes 1
 
 
 @aten("_softmax.default", "softmax.int", "_log_softmax.default", "log_softmax.int")
@@ -348,11 +424,19 @@ def _layer_norm(b: Builder, n: Any, args: tuple, kw: dict) -> str:
     return b.one("LayerNormalization", [b.tensor(args[0], dt), w, bias], dt, axis=-len(shape), epsilon=float(eps))
 
 
-@aten("_native_batch_norm_legit_no_training.default", "_native_batch_norm_legit.no_stats")
+@aten("native_layer_norm.default")
+def _native_layer_norm(b: Builder, n: Any, args: tuple, kw: dict) -> tuple:
+    """What aot_autograd leaves of ``layer_norm``: the normalised value (the mean and reciprocal standard
+    deviation it also returns are for the backward pass, not computed)."""
+    return _layer_norm(b, n, args, kw), None, None
+
+
+@aten("_native_batch_norm_legit_no_training.default")
 def _batch_norm(b: Builder, n: Any, args: tuple, kw: dict) -> tuple:
+    """Inference: the running statistics.  Of the three results only the first is computed."""
     dt = _dt(n)
     x, w, bias, mean, var = args[:5]
-    eps = args[6] if len(args) > 6 else 1e-5
+    eps = args[6] if len(args) > 6 else kw.get("eps", 1e-5)
     c = _shape(n.args[0])[1]
     w = w if w is not None else b.const(np.ones(c, dt))
     bias = bias if bias is not None else b.const(np.zeros(c, dt))
@@ -360,14 +444,37 @@ def _batch_norm(b: Builder, n: Any, args: tuple, kw: dict) -> tuple:
     return (out, None, None)
 
 
+@aten("_native_batch_norm_legit.no_stats")
+def _batch_norm_no_stats(b: Builder, n: Any, args: tuple, kw: dict) -> tuple:
+    """Normalised by the input's own statistics per channel (dimension 1), as InstanceNorm writes it
+    (on the input reshaped to ``1 x N*C x ...``): ``(x - mean) / sqrt(var + eps) * w + bias``, with the
+    biased variance.  Of the three results only the first is computed."""
+    dt = _dt(n)
+    x, w, bias = b.tensor(args[0], dt), args[1], args[2]
+    eps = args[5] if len(args) > 5 else kw.get("eps", 1e-5)
+    rank = _rank(n.args[0])
+    axes = b.const([0] + list(range(2, rank)), "int64")
+    d = b.one("Sub", [x, b.one("ReduceMean", [x, axes], dt, keepdims=1)], dt)
+    var = b.one("ReduceMean", [b.one("Mul", [d, d], dt), axes], dt, keepdims=1)
+    out = b.one("Div", [d, b.one("Sqrt", [b.one("Add", [var, b.const(eps, dt)], dt)], dt)], dt)
+    per_channel = b.const([-1] + [1] * (rank - 2), "int64")
+    if w is not None:
+        out = b.one("Mul", [out, b.one("Reshape", [b.tensor(w, dt), per_channel], dt)], dt)
+    if bias is not None:
+        out = b.one("Add", [out, b.one("Reshape", [b.tensor(bias, dt), per_channel], dt)], dt)
+    return (out, None, None)
+
+
 # -- contractions and convolutions -----------------------------------------------------------
 
 
 def _transposed(b: Builder, w: str) -> str:
-    """``w.T`` of a 2-D weight: a constant when ``w`` is one (folded here), else a Transpose."""
-    if w in b.inits:
-        return b.const(np.ascontiguousarray(b.inits[w].T))
-    return b.one("Transpose", [w], b.dtypes[w], perm=[1, 0])
+    """``w.T`` of a 2-D weight: a constant when ``w`` is one (folded here, once per weight: an unrolled
+    LSTM's steps share it, and so its packed copy), else a Transpose."""
+    if ("T", w) not in b.memo:
+        b.memo["T", w] = b.const(np.ascontiguousarray(b.inits[w].T)) if w in b.inits else \
+            b.one("Transpose", [w], b.dtypes[w], perm=[1, 0])
+    return b.memo["T", w]
 
 
 @aten("linear.default")
@@ -446,6 +553,17 @@ def _sdpa(b: Builder, n: Any, args: tuple, kw: dict) -> str:
             s = b.one("Add", [s, b.tensor(mask, dt)], dt)
     p = b.one("Softmax", [s], dt, axis=-1)
     return b.one("MatMul", [p, v], dt)
+
+
+@aten("_scaled_dot_product_flash_attention_for_cpu.default")
+def _sdpa_cpu(b: Builder, n: Any, args: tuple, kw: dict) -> tuple:
+    """The CPU attention kernel aot_autograd lowers ``scaled_dot_product_attention`` to: (query, key,
+    value, dropout_p, is_causal; attn_mask, scale) -> (output, logsumexp), the second for the backward
+    pass (not computed)."""
+    q, k, v = args[:3]
+    dropout = args[3] if len(args) > 3 else kw.get("dropout_p", 0.0)
+    causal = args[4] if len(args) > 4 else kw.get("is_causal", False)
+    return _sdpa(b, n, (q, k, v, kw.get("attn_mask"), dropout, causal), {"scale": kw.get("scale")}), None
 
 
 def _sym(b: Builder, a: Any, axis: int) -> Any:

@@ -20,7 +20,7 @@ def _static(vals: Any) -> bool:
     return all(isinstance(v, (int, np.integer)) for v in vals)
 
 
-@aten("view.default", "_unsafe_view.default", "reshape.default", "view_copy.default")
+@aten("view.default", "_unsafe_view.default", "view_copy.default")
 def _view(b: Builder, n: Any, args: tuple, kw: dict) -> str:
     return b.one("Reshape", [args[0], b.ints(args[1])], _dt(n))
 
@@ -70,6 +70,8 @@ def _cat(b: Builder, n: Any, args: tuple, kw: dict) -> str:
     dim = args[1] if len(args) > 1 else kw.get("dim", 0)
     rank = _rank(n)
     parts = [b.tensor(t, dt) for t, a in zip(args[0], n.args[0]) if _meta(a).shape != (0,) or rank == 1]
+    if len(parts) == 1:  # a cache's first append (torch.cat([empty, past])): no copy
+        return b.one("Identity", parts, dt)
     return b.one("Concat", parts, dt, axis=_axis(dim, rank))
 
 
@@ -264,11 +266,26 @@ def _upsample(b: Builder, n: Any, args: tuple, kw: dict) -> str:
     name = str(n.target)
     attrs: dict[str, Any] = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
                              "nearest_mode": "floor"}
+    align = False
     if "bilinear" in name:
-        align = bool(args[2]) if len(args) > 2 else False
+        align = bool(args[2]) if len(args) > 2 else bool(kw.get("align_corners", False))
         attrs = {"mode": "linear", "coordinate_transformation_mode":
                  "align_corners" if align else "pytorch_half_pixel"}
-    return b.one("Resize", [args[0], "", "", b.const(list(out), "int64")], dt, **attrs)
+    # scale factors given: torch maps output to input positions by them (1 / scale), not by the sizes' ratio
+    first = 3 if "bilinear" in name else 2
+    if name.endswith(".vec"):
+        scales = args[first] if len(args) > first else kw.get("scale_factors")
+    else:  # scales_h, scales_w: one argument per resized dimension
+        scales = list(args[first:]) if any(v is not None for v in args[first:]) else None
+    if scales is not None and any(v is None for v in scales):
+        raise UnsupportedOpError("a scale factor for some of the resized dimensions only")
+    if scales is None or align:
+        return b.one("Resize", [args[0], "", "", b.const(list(out), "int64")], dt, **attrs)
+    shape = _shape(n.args[0])
+    factors = np.array([1.0, 1.0] + [float(v) for v in scales], np.float32)
+    if not _static(shape) or [int(np.floor(d * f)) for d, f in zip(shape, factors.astype(np.float64))] != list(out):
+        raise UnsupportedOpError(f"resizing {list(shape)} to {list(out)} by the scale factors {list(scales)}")
+    return b.one("Resize", [args[0], "", b.const(factors)], dt, **attrs)
 
 
 @aten("repeat.default")
