@@ -107,9 +107,11 @@ def _needs(family: str) -> list:
 def test_registry_model_matches_eager(name: str) -> None:
     model, inputs, _ = registry.MODELS[name].build("ci")
     args = list(inputs.values())
-    with torch.no_grad():
+    # strict: a split caused by an operator cuvil lacks fails the test; dynamo captures nn.LSTM / nn.GRU
+    # only with its allow_rnn (otherwise they are a graph break of dynamo's own, run in eager torch)
+    with torch.no_grad(), torch._dynamo.config.patch(allow_rnn=True):
         want = model(*args)
-        got = torch.compile(model, backend="cuvil")(*args)
+        got = torch.compile(model, backend="cuvil", options={"strict": True})(*args)
     _assert_matches(got, want, name)
 
 

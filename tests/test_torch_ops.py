@@ -624,6 +624,24 @@ case("aot_forms", _aot_forms, (rand(2, 3, 6), rand(1, 2, 4, 5), rand(1, 2, 6, 5)
      keep="_scaled_dot_product_flash_attention_for_cpu.default", aten_graph=True, rtol=SUM_RTOL, atol=SUM_ATOL)
 
 
+class _LSTM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.fwd = nn.LSTM(5, 6, num_layers=2)
+        self.rev = nn.LSTM(5, 4, bidirectional=True)
+
+    def forward(self, x: torch.Tensor) -> tuple:
+        y, (h, c) = self.fwd(x)
+        return y, h, c, self.rev(x)[0]
+
+
+# nn.LSTM on the CPU as aot_autograd writes it (torch.compile with dynamo's allow_rnn): one layer and
+# direction per call; SUM_RTOL: 7 steps of gates over 5-6 inputs
+case("lstm_layers", _LSTM().eval(), (rand(7, 2, 5),), "mkldnn_rnn_layer.default", aten_graph=True,
+     rtol=SUM_RTOL, atol=SUM_ATOL)
+
+
 def _any_all(b: torch.Tensor, x: torch.Tensor, i: torch.Tensor) -> tuple:
     return (b.any(1), b.all(-1, keepdim=True), b.any(), b.all(), x.any(0), i.all(1), torch.any(i, dim=(0, 1)),
             torch.all(x, dim=(0,), keepdim=True))

@@ -566,6 +566,37 @@ def _sdpa_cpu(b: Builder, n: Any, args: tuple, kw: dict) -> tuple:
     return _sdpa(b, n, (q, k, v, kw.get("attn_mask"), dropout, causal), {"scale": kw.get("scale")}), None
 
 
+@aten("mkldnn_rnn_layer.default")
+def _rnn_layer(b: Builder, n: Any, args: tuple, kw: dict) -> tuple:
+    """One LSTM layer as aot_autograd writes ``nn.LSTM`` on the CPU (under dynamo's ``allow_rnn``):
+    (input [seq, batch, in], w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, batch_sizes, mode, hidden_size,
+    num_layers, has_biases, bidirectional, batch_first, train) -> (output, hy, cy, workspace), as one
+    ONNX LSTM node (the graph compiler unrolls it as it does an imported LSTM).  torch's gates are
+    (i, f, g, o), ONNX's (i, o, f, c): the constant weights are reordered here."""
+    x, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse = args[:8]
+    # one layer and direction per call (num_layers and bidirectional describe the whole module)
+    mode, hidden, _layers, has_bias, _bidir, batch_first, train = args[9:16]
+    if mode != 2 or batch_first or train or args[8]:
+        raise UnsupportedOpError("only inference LSTM layers in time-major layout without packed sequences")
+    weights = [w_ih, w_hh] + ([b_ih, b_hh] if has_bias else [])
+    if any(w not in b.inits for w in weights):
+        raise UnsupportedOpError("LSTM weights that are not constants (frozen parameters)")
+    dt = _dt(n)
+
+    def gates(w: str) -> np.ndarray:  # (i, f, g, o) -> (i, o, f, g) blocks of the rows
+        i, f, g, o = np.split(b.inits[w], 4, axis=0)
+        return np.concatenate([i, o, f, g], axis=0)
+
+    bias = np.concatenate([gates(b_ih), gates(b_hh)]) if has_bias else np.zeros(8 * hidden, dt)
+    axis0 = b.const([0], "int64")
+    states = [b.one("Unsqueeze", [s, axis0], dt) if _rank(a) == 2 else s for s, a in ((hx, n.args[5]), (cx, n.args[6]))]
+    ins = [x, b.const(gates(w_ih)[None]), b.const(gates(w_hh)[None]), b.const(bias[None]), "", *states]
+    y, yh, yc = b.emit("LSTM", ins, dt, 3, hidden_size=int(hidden), direction="reverse" if reverse else "forward")
+    y = b.one("Squeeze", [y, b.const([1], "int64")], dt)
+    outs = [b.one("Squeeze", [s, axis0], dt) if len(m.shape) == 2 else s for s, m in zip((yh, yc), _meta(n)[1:3])]
+    return y, *outs, None
+
+
 def _sym(b: Builder, a: Any, axis: int) -> Any:
     """Size ``axis`` of FX argument ``a``: an int, or a Sym read from the value's shape."""
     d = _shape(a)[axis]

@@ -354,17 +354,12 @@ class _Program:
 
 
 def _numpy(t: Any) -> np.ndarray:
+    """A feed: a tensor as cuvil.torch reads one (in place when contiguous), a size as a 0-d array."""
     import torch
 
-    if not isinstance(t, torch.Tensor):
-        return np.asarray(t)
-    if t.device.type != "cpu":
-        raise ArgumentError(f"cuvil's torch.compile backend takes CPU tensors, got one on {t.device}")
-    if t.requires_grad:
-        t = t.detach()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t.numpy()
+    from cuvil.torch import _as_numpy
+
+    return _as_numpy(t, "input", None, torch) if isinstance(t, torch.Tensor) else np.asarray(t)
 
 
 register()
