@@ -189,3 +189,17 @@ def test_exported_library_runs_from_c(tmp_path):
     from_c = np.fromfile(tmp_path / "output0.bin", np.float32).reshape(1, 8, 10, 10)
     with torch.no_grad():
         np.testing.assert_allclose(from_c, m(x).numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_function_with_named_dynamic_shapes():
+    """A plain function takes dynamic_shapes by its parameters' names, as a module's forward does."""
+    def f(x, w):
+        return torch.relu(x @ w)
+
+    batch = torch.export.Dim("batch", min=1, max=64)
+    w = torch.randn(8, 3)
+    cm = cuvil.torch.compile(f, (torch.randn(4, 8), w), dynamic_shapes={"x": {0: batch}, "w": None})
+    for rows in (4, 9, 1):
+        x = torch.randn(rows, 8)
+        assert_matches(cm(x, w), f(x, w))
+    assert len(cm.session._cache) == 3

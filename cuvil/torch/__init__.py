@@ -188,9 +188,12 @@ def _spec_of(value: Any) -> Any:
 
 
 class _FunctionModule:
-    """A function as a ``torch.nn.Module`` (``torch.export`` takes modules)."""
+    """A function as a ``torch.nn.Module`` (``torch.export`` takes modules) whose ``forward`` has the
+    function's signature, so ``dynamic_shapes`` may name its parameters (``{"x": {0: batch}}``)."""
 
     def __new__(cls, fn: Any) -> Any:
+        import inspect
+
         import torch
 
         class FunctionModule(torch.nn.Module):
@@ -201,6 +204,13 @@ class _FunctionModule:
             def forward(self, *args: Any, **kwargs: Any) -> Any:
                 return self.f(*args, **kwargs)
 
+        try:
+            sig = inspect.signature(fn)
+            self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            FunctionModule.forward.__signature__ = sig.replace(  # type: ignore[attr-defined]
+                parameters=[self_param, *sig.parameters.values()])
+        except (TypeError, ValueError):  # a builtin without a signature: positional dynamic_shapes only
+            pass
         m = FunctionModule(fn)
         m.eval()
         return m
