@@ -199,7 +199,9 @@ def test_function_with_named_dynamic_shapes():
     batch = torch.export.Dim("batch", min=1, max=64)
     w = torch.randn(8, 3)
     cm = cuvil.torch.compile(f, (torch.randn(4, 8), w), dynamic_shapes={"x": {0: batch}, "w": None})
-    for rows in (4, 9, 1):
+    for rows in (4, 9, 64):
         x = torch.randn(rows, 8)
         assert_matches(cm(x, w), f(x, w))
     assert len(cm.session._cache) == 3
+    with pytest.raises(ShapeError, match="outside the range 2..64"):  # torch.export specialises sizes 0 and 1
+        cm(torch.randn(1, 8), w)
