@@ -90,6 +90,28 @@ def _leaves(out: Any) -> list[np.ndarray]:
     return [t.detach().numpy() for t in _pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
+def _own_code(module: Any, engine: str) -> Any:
+    """``module`` behind a ``forward`` whose code object is the engine's own.  Dynamo keeps its compiled
+    graphs per code object, with at most ``cache_size_limit`` (8) of them: the torch.compile engines of
+    one process would otherwise share (and check the guards of) each other's entries, and every
+    model's (the registry's models share their wrapper's ``forward``) until dynamo gives up and runs
+    eagerly."""
+    import re
+    import types
+
+    import torch
+
+    def forward(self: Any, *args: Any) -> Any:
+        return self.inner(*args)
+
+    tag = re.sub(r"\W", "_", engine)
+    code = forward.__code__.replace(co_name=f"forward_{tag}")
+    cls = type(f"Timed_{tag}", (torch.nn.Module,), {"forward": types.FunctionType(code, forward.__globals__)})
+    wrapper = cls()
+    wrapper.inner = module
+    return wrapper.eval()
+
+
 def torch_engine(engine: str, model: str, config: str, threads: int) -> Callable[[], br.Runner]:
     """Load registry ``model`` at ``config`` for ``engine`` (a torch engine of :data:`ENGINES`) at ``threads``
     (``torch.set_num_threads``; cuvil's too for the cuvil engines); the step that compiles it."""
@@ -108,7 +130,7 @@ def torch_engine(engine: str, model: str, config: str, threads: int) -> Callable
         if engine == "eager":
             fn = module
         elif engine in ("inductor-freezing", "inductor"):
-            fn = torch.compile(module, options={"freezing": engine == "inductor-freezing"})
+            fn = torch.compile(_own_code(module, engine), options={"freezing": engine == "inductor-freezing"})
         elif engine in ("cuvil.torch", "compile(cuvil)"):
             import cuvil
             import cuvil.torch  # type: ignore[import-not-found]  # also registers the "cuvil" backend
@@ -117,7 +139,7 @@ def torch_engine(engine: str, model: str, config: str, threads: int) -> Callable
             if engine == "cuvil.torch":
                 fn, ctx = cuvil.torch.compile(module, example), contextlib.nullcontext
             else:
-                fn, ctx = torch.compile(module, backend="cuvil"), torch.no_grad
+                fn, ctx = torch.compile(_own_code(module, engine), backend="cuvil"), torch.no_grad
         else:
             raise ValueError(f"no torch engine {engine!r}; engines: {', '.join(ENGINES)}")
 
@@ -189,8 +211,12 @@ def bench_one(model: str, config: str, threads: list[int], rounds: int, budget_s
     """Measure registry ``model`` at ``config`` with ``engines`` (all of :data:`ENGINES` when None; eager
     torch and onnxruntime always) at each thread count (see the module docstring), ``budget_s`` seconds of
     timing per engine: one row per engine."""
+    import sys
+
     from cuvil import registry
 
+    if "torch" in sys.modules:  # the models before this one: their compiled graphs are not needed again
+        sys.modules["torch"]._dynamo.reset()
     names = [e for e in ENGINES if e in (engines or ENGINES) or e in (REFERENCE, BASELINE)]
     rows = {e: Row(model, e) for e in names}
     try:
