@@ -339,10 +339,21 @@ class _Program:
         self.ints = [isinstance(_meta(r) if isinstance(r, torch.fx.Node) else r, (int, torch.SymInt)) for r in flat]
         self.plan = [(kind, v, as_int) for (kind, v), as_int in zip(self.imported.outputs, self.ints)]
 
-    def __call__(self, *args: Any) -> Any:
-        import torch
+        # the common case, tensor results only: the outputs straight from the native program's results
+        self.tensors_out = all(kind == "tensor" and not as_int for kind, _, as_int in self.plan)
+        self._torch = torch
 
-        results = iter(self.session.run(None, {name: _numpy(args[k]) for k, name in self.fed}))
+    def __call__(self, *args: Any) -> Any:
+        torch = self._torch
+        feeds = {}
+        for k, name in self.fed:
+            t = args[k]
+            feeds[name] = t.numpy() if type(t) is torch.Tensor and t.is_contiguous() and not t.requires_grad \
+                else _numpy(t)
+        results = self.session.run(None, feeds)
+        if self.tensors_out:
+            return tuple(map(torch.from_numpy, results)) if self.several else torch.from_numpy(results[0])
+        results = iter(results)
         out = []
         for kind, v, as_int in self.plan:
             if kind != "tensor":
