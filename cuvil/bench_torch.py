@@ -12,6 +12,8 @@ The engines, one row each per model (:data:`ENGINES`):
   called under ``torch.inference_mode()``; ``inductor``: Inductor's default (no freezing), the same way;
 - ``cuvil.torch``: ``cuvil.torch.compile(model, example_args)`` called as ``cm(*args)``;
 - ``compile(cuvil)``: ``torch.compile(model, backend="cuvil")`` called under ``torch.no_grad()``;
+  (both torch.compile engines with ``torch._dynamo.config.allow_rnn = True``, so that dynamo captures
+  the RNN models' ``nn.LSTM`` / ``nn.GRU`` instead of leaving them to eager torch);
 - ``cuvil-onnx``: :class:`cuvil.onnx.InferenceSession` on ``registry.export(name, config, exporter="dynamo")``;
 - ``onnxruntime``: onnxruntime on the same file (default SessionOptions but the thread counts).
 
@@ -121,6 +123,7 @@ def torch_engine(engine: str, model: str, config: str, threads: int) -> Callable
     from cuvil.registry.export import quiet
 
     torch.set_num_threads(threads)  # before Inductor compiles: its kernels are specialised on the count
+    torch._dynamo.config.allow_rnn = True  # dynamo captures nn.LSTM / nn.GRU (for Inductor and cuvil alike)
     with quiet():
         module, inputs, _ = registry.MODELS[model].build(config)
     example = tuple(inputs.values())
