@@ -52,6 +52,7 @@ from cuvil.errors import UnsupportedOpError  # noqa: E402
 from cuvil.frontend.torch import _target_name, decompositions, import_exported_program, import_graph_module  # noqa: E402
 from cuvil.frontend.torch_ops import TABLE  # noqa: E402
 from cuvil.onnx import InferenceSession  # noqa: E402
+from cuvil.torch import _FunctionModule  # noqa: E402
 
 RTOL, ATOL = 1e-5, 1e-6  # fp32 element-wise: a few ulp (cuvil's exp/log/erf... are polynomials of its own)
 # sums of up to ~100 fp32 terms in another order (vector lanes, register tiles) than torch's kernels
@@ -667,7 +668,7 @@ _EVEN = 2 * Dim("half", min=1, max=32)
 case("symbolic_sizes", _dyn_shapes, (rand(4, 6),),
      "sym_size.int view.default expand.default slice.Tensor arange.start_step full.default "
      "_operator.add _operator.sub _operator.mul _operator.floordiv _operator.mod",
-     dynamic=(({0: _EVEN},),), more=((rand(10, 6),), (rand(2, 6),)))
+     dynamic=({0: _EVEN},), more=((rand(10, 6),), (rand(2, 6),)))
 
 
 def _dyn_kept(x: torch.Tensor, y: torch.Tensor) -> tuple:
@@ -679,7 +680,7 @@ def _dyn_kept(x: torch.Tensor, y: torch.Tensor) -> tuple:
 case("symbolic_sizes_kept_whole", _dyn_kept, (rand(3, 5), rand(3, 2)),
      "sym_size.int zeros.default ones_like.default view.default transpose.int arange.start cat.default "
      "repeat.default constant_pad_nd.default", keep="zeros.default ones_like.default transpose.int arange.start",
-     dynamic=(({1: Dim("n", min=2, max=64)}, None),), more=((rand(3, 9), rand(3, 2)), (rand(3, 2), rand(3, 2))))
+     dynamic=({1: Dim("n", min=2, max=64)}, None), more=((rand(3, 9), rand(3, 2)), (rand(3, 2), rand(3, 2))))
 
 
 def _asserts(x: torch.Tensor) -> torch.Tensor:
@@ -698,7 +699,7 @@ def _asserts(x: torch.Tensor) -> torch.Tensor:
 case("asserts", _asserts, (rand(4, 3),),
      "_assert_scalar.default _assert_async.msg "
      "_operator.gt _operator.ge _operator.lt _operator.le _operator.ne _operator.eq",
-     dynamic=(({0: Dim("n", min=2, max=64)},),), more=((rand(9, 3),),))
+     dynamic=({0: Dim("n", min=2, max=64)},), more=((rand(9, 3),),))
 
 # dropout: inference graphs only
 case("dropout_training", lambda x: F.dropout(x, 0.3, training=True), (rand(3, 4),), "native_dropout.default",
@@ -706,15 +707,6 @@ case("dropout_training", lambda x: F.dropout(x, 0.3, training=True), (rand(3, 4)
 
 
 # -- running the cases -----------------------------------------------------------------------
-
-
-class _Function(nn.Module):
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
 
 
 def _export(c: Case) -> Any:
@@ -725,7 +717,7 @@ def _export(c: Case) -> Any:
     for k in list(table):
         if _target_name(k) in c.keep:
             del table[k]
-    model = c.fn if isinstance(c.fn, nn.Module) else _Function(c.fn).eval()
+    model = c.fn if isinstance(c.fn, nn.Module) else _FunctionModule(c.fn)  # as cuvil.torch.compile wraps it
     with torch.no_grad():
         ep = torch.export.export(model, c.args, dynamic_shapes=c.dynamic, strict=False)
     return ep.run_decompositions(table)
