@@ -5,8 +5,9 @@ weights and activations do).
 
     python benchmarks/torch_dynamo_overhead.py [registry model, default mobilenetv2] [--config full|ci]
 
-Prints the median process CPU time per call (1 thread), and beside it the same model's
-cuvil.torch.compile module around the same no-op program.
+Prints the median process CPU time per call (1 thread), beside it dynamo alone (a backend that returns
+the no-op program itself: no aot_autograd, no cuvil) and the same model's cuvil.torch.compile module
+around the same no-op program.
 """
 
 from __future__ import annotations
@@ -41,13 +42,16 @@ def main() -> None:
 
     backend._split_and_compile = lambda aten, consts, opts, name: nothing  # the program, as a no-op
     compiled = torch.compile(model, backend="cuvil")
+    bare = torch.compile(model, backend=lambda gm, example: nothing)  # dynamo alone: no aot_autograd, no cuvil
     cm = cuvil.torch.compile(model, args)
     cm.session.run = lambda names, feeds: [o.numpy() for o in nothing()]  # the same no-op in the AOT module
     n_weights = sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers())
     big = np.ones(64 << 18, np.float32)  # 64 MB
     with torch.no_grad():
         compiled(*args)
+        bare(*args)
         for label, fn in (("torch.compile(backend='cuvil')", lambda: compiled(*args)),
+                          ("torch.compile, a backend that returns the no-op (dynamo alone)", lambda: bare(*args)),
                           ("cuvil.torch.compile", lambda: cm(*args))):
             for evict in (False, True):
                 ts = []
