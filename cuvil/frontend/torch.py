@@ -368,7 +368,7 @@ def import_exported_program(ep: Any, name: str = "torch_model") -> Imported:
     """The graph IR of a ``torch.export.ExportedProgram`` (after ``run_decompositions``): parameters,
     buffers and lifted constants become initializers; user inputs become graph inputs, named as their
     placeholders."""
-    from torch.export.graph_signature import InputKind
+    from torch.export.graph_signature import ConstantArgument, InputKind
 
     check_supported(ep.graph, name)
     sig = ep.graph_signature
@@ -379,8 +379,9 @@ def import_exported_program(ep: Any, name: str = "torch_model") -> Imported:
     constants = getattr(ep, "constants", {})
     feeds: list[Any] = []
     for spec in sig.input_specs:
-        if spec.kind == InputKind.USER_INPUT:
-            feeds.append(spec.arg.name if hasattr(spec.arg, "name") else None)
+        if spec.kind == InputKind.USER_INPUT:  # a tensor or a size by name; export fixes numbers' values
+            number = isinstance(spec.arg, ConstantArgument) and isinstance(spec.arg.value, (bool, int, float))
+            feeds.append(np.asarray(spec.arg.value) if number else spec.arg.name)
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
             src = state[spec.target] if spec.target in state else constants[spec.target]
             feeds.append(_array(src))
@@ -390,24 +391,7 @@ def import_exported_program(ep: Any, name: str = "torch_model") -> Imported:
             feeds.append(_array(constants[spec.target]))
         else:
             raise UnsupportedOpError(f"{name}: input kind {spec.kind} is not supported")
-    for k, f in enumerate(feeds):
-        if f is None:  # a non-tensor user input (an int, a float): fixed at export time
-            feeds[k] = np.asarray(0)
-    return _Importer(name).run(ep.graph_module, _user_constants(ep.graph_module, feeds))
-
-
-def _user_constants(gm: Any, feeds: list[Any]) -> list[Any]:
-    """Placeholders of non-tensor user inputs (export fixes their values) become their example values."""
-    import torch
-
-    out = []
-    for n, f in zip([n for n in gm.graph.nodes if n.op == "placeholder"], feeds):
-        m = _meta(n)
-        if isinstance(f, str) and not isinstance(m, torch.Tensor):
-            out.append(np.asarray(m) if isinstance(m, (int, float, bool)) else f)
-        else:
-            out.append(f)
-    return out
+    return _Importer(name).run(ep.graph_module, feeds)
 
 
 def import_graph_module(gm: Any, feeds: Sequence[Any], name: str = "torch_graph") -> Imported:
