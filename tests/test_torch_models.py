@@ -205,3 +205,11 @@ def test_function_with_named_dynamic_shapes():
     assert len(cm.session._cache) == 3
     with pytest.raises(ShapeError, match="outside the range 2..64"):  # torch.export specialises sizes 0 and 1
         cm(torch.randn(1, 8), w)
+
+
+def test_what_torch_export_cannot_trace_is_a_cuvil_error():
+    def data_dependent(x):
+        return x if x.sum() > 0 else -x
+
+    with pytest.raises(cuvil.ModelError, match="torch.export could not trace data_dependent: .*data-dependent"):
+        cuvil.torch.compile(data_dependent, (torch.randn(3),))

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.errors import ArgumentError, DTypeError, ShapeError
+from cuvil.errors import ArgumentError, DTypeError, ModelError, ShapeError
 
 __all__ = ["CompiledModule", "compile", "export"]
 
@@ -40,14 +40,20 @@ def export(model: Any, example_args: Sequence[Any], example_kwargs: Mapping[str,
 
     from cuvil.frontend.torch import decompositions
 
+    what = getattr(model, "__name__", None) or type(model).__name__
     if not isinstance(model, torch.nn.Module):
         model = _FunctionModule(model)
     if model.training:
         log.warning("cuvil.torch: %s is in training mode; compiling its inference graph (call .eval() first to "
                     "silence this)", type(model).__name__)
     with torch.no_grad():
-        ep = torch.export.export(model, tuple(example_args), kwargs=dict(example_kwargs or {}),
-                                 dynamic_shapes=dynamic_shapes, strict=False)
+        try:
+            ep = torch.export.export(model, tuple(example_args), kwargs=dict(example_kwargs or {}),
+                                     dynamic_shapes=dynamic_shapes, strict=False)
+        except Exception as exc:  # torch's own errors: data-dependent control flow, a bad dynamic_shapes spec
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelError(f"torch.export could not trace {what}: {type(exc).__name__}: "
+                             f"{first}") from exc
         return ep.run_decompositions(decompositions())
 
 
@@ -66,8 +72,7 @@ def compile(model: Any, example_args: Sequence[Any] = (), example_kwargs: Mappin
     if isinstance(example_args, Mapping) or not isinstance(example_args, (list, tuple)):
         example_args = (example_args,)
     ep = export(model, example_args, example_kwargs, dynamic_shapes)
-    name = type(model).__name__ if not callable(model) or hasattr(model, "forward") else \
-        getattr(model, "__name__", "function")
+    name = getattr(model, "__name__", None) or type(model).__name__  # a function's name, or a module's class
     imported = import_exported_program(ep, name)
     session = InferenceSession.from_graph(imported.graph, target=target, num_threads=num_threads,
                                           tuning_db=tuning_db)
