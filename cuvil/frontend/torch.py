@@ -165,6 +165,11 @@ class Builder:
                 parts.append(self.const([int(v)], "int64"))
         return self.one("Concat", parts, "int64", axis=0)
 
+    def size(self, name: str, axis: int) -> Sym:
+        """Size ``axis`` of value ``name`` at run time: Shape, then Gather."""
+        shape = self.one("Shape", [name], "int64")
+        return Sym(self.one("Gather", [shape, self.const(axis, "int64")], "int64", axis=0))
+
     def scalar_int(self, v: Any) -> Any:
         """``v`` as an int when it is one, else a Sym."""
         return int(v) if isinstance(v, (int, np.integer)) else v
@@ -247,8 +252,7 @@ class _Importer:
         for name, shape in tensors:
             for axis, s in enumerate(shape):
                 if s == d:
-                    shp = self.b.one("Shape", [name], "int64")
-                    return Sym(self.b.one("Gather", [shp, self.b.const(axis, "int64")], "int64", axis=0))
+                    return self.b.size(name, axis)
         raise UnsupportedOpError(f"size argument {n.name!r} ({d}) is not the size of any tensor input")
 
     def run(self, gm: Any, feeds: Sequence[Any]) -> Imported:

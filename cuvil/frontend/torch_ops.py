@@ -306,11 +306,9 @@ def _noop(b: Builder, n: Any, args: tuple, kw: dict) -> None:
 
 @aten("sym_size.int")
 def _sym_size(b: Builder, n: Any, args: tuple, kw: dict) -> Any:
-    d = _shape(n.args[0])[_axis(args[1], _rank(n.args[0]))]
-    if isinstance(d, int):
-        return d
-    shp = b.one("Shape", [args[0]], "int64")
-    return Sym(b.one("Gather", [shp, b.const(_axis(args[1], _rank(n.args[0])), "int64")], "int64", axis=0))
+    axis = _axis(args[1], _rank(n.args[0]))
+    d = _shape(n.args[0])[axis]
+    return d if isinstance(d, int) else b.size(args[0], axis)
 
 
 def _sym_arith(op_type: str, py: Callable) -> Callable:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.errors import ArgumentError, DTypeError, ModelError, ShapeError
+from cuvil.errors import ArgumentError, DTypeError, ModelError
 
 __all__ = ["CompiledModule", "compile", "export"]
 
@@ -120,14 +120,7 @@ class CompiledModule:
         from torch.utils import _pytree as pytree
 
         if self._fast_in and not kwargs and len(args) == len(self._leaves):
-            feeds = {}
-            for (name, _), t in zip(self._leaves, args):
-                if type(t) is torch.Tensor and t.is_contiguous() and not t.requires_grad:
-                    a = t.numpy()
-                    if a.dtype.name == self._dtypes[name]:
-                        feeds[name] = a
-                        continue
-                feeds[name] = _as_numpy(t, name, self._dtypes.get(name), torch)
+            feeds = {name: _as_numpy(t, name, self._dtypes[name], torch) for (name, _), t in zip(self._leaves, args)}
             results = self.session.run(None, feeds)
             if self._fast_out:
                 return torch.from_numpy(results[0]) if self._single else tuple(torch.from_numpy(r) for r in results)
@@ -170,6 +163,7 @@ class CompiledModule:
 
 
 def _as_numpy(t: Any, name: str, dtype: str | None, torch: Any) -> np.ndarray:
+    """A CPU tensor's values for a feed: in place when contiguous, else a contiguous copy."""
     if not isinstance(t, torch.Tensor):
         raise ArgumentError(f"input {name!r}: expected a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
@@ -181,8 +175,6 @@ def _as_numpy(t: Any, name: str, dtype: str | None, torch: Any) -> np.ndarray:
     a = t.numpy()
     if dtype is not None and a.dtype.name != dtype:
         raise DTypeError(f"input {name!r}: expected {dtype}, got {a.dtype.name}; cuvil does not cast inputs")
-    if a.ndim == 0 and t.dim() != 0:
-        raise ShapeError(f"input {name!r}: shape {list(t.shape)}")
     return a
 
 

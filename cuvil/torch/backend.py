@@ -345,12 +345,7 @@ class _Program:
 
     def __call__(self, *args: Any) -> Any:
         torch = self._torch
-        feeds = {}
-        for k, name in self.fed:
-            t = args[k]
-            feeds[name] = t.numpy() if type(t) is torch.Tensor and t.is_contiguous() and not t.requires_grad \
-                else _numpy(t)
-        results = self.session.run(None, feeds)
+        results = self.session.run(None, {name: _numpy(args[k]) for k, name in self.fed})
         if self.tensors_out:
             return tuple(map(torch.from_numpy, results)) if self.several else torch.from_numpy(results[0])
         results = iter(results)
