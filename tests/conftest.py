@@ -16,9 +16,13 @@ profile's examples through :func:`tests.reference.budget`.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # the test modules import their helpers as ``reference``; make that work whether
@@ -36,3 +40,21 @@ for _name, _examples in (("ci", 20), ("dev", 100), ("thorough", 1000)):
         suppress_health_check=[HealthCheck.too_slow],
     )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# the kernel cache: a temporary directory for the run unless CUVIL_CACHE_DIR names one (CI names an empty
+# one; set it to keep a warm cache between local runs), so the suite never writes into ~/.cache/cuvil
+if "CUVIL_CACHE_DIR" not in os.environ:
+    os.environ["CUVIL_CACHE_DIR"] = tempfile.mkdtemp(prefix="cuvil-test-kernels-")
+    atexit.register(shutil.rmtree, os.environ["CUVIL_CACHE_DIR"], True)
+
+
+@pytest.fixture
+def fresh_kernels(monkeypatch):
+    """No kernel lowered before the test is reused, and none it lowers outlives it (in memory or on disk):
+    for tests that change how kernels are lowered."""
+    from cuvil.graph.compile import clear_kernels
+
+    monkeypatch.setenv("CUVIL_CACHE_DIR", "off")
+    clear_kernels()
+    yield
+    clear_kernels()

@@ -2,8 +2,9 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from reference import budget
 
 import cuvil
 from cuvil import te
@@ -198,7 +199,7 @@ def test_a_transposing_consumer_is_not_taken_for_an_epilogue():
     _close(d, 2 * (a.astype(np.float64) @ b).T, k)
 
 
-@settings(max_examples=12, deadline=None)
+@budget(0.6)  # 12 examples under the ci profile
 @given(st.data())
 def test_every_knob_combination_gives_the_same_result(data):
     # the autotuner's search space: any value of any knob is a legal schedule with numpy's result
@@ -341,7 +342,7 @@ def test_grouped_conv2d_is_a_batched_contraction(n, c, h, f, k, g, stride, pad):
     _close(y, ref, cg * k * k)
 
 
-@settings(max_examples=16, deadline=None)
+@budget(0.8)  # 16 examples under the ci profile
 @given(st.integers(1, 29), st.integers(1, 70), st.integers(1, 19), st.sampled_from([1, 2, 4]), st.integers(1, 16),
        st.sampled_from([16, 32, 48]))
 def test_reduction_unroll_knob_gives_numpys_result(m, n, k, ku, mr, nr):

@@ -316,15 +316,6 @@ def test_tune_kernels_spends_trials_where_the_time_is() -> None:
         tune_kernels([], trials=4)
 
 
-def test_tune_model_says_what_it_needs(tmp_path) -> None:
-    from cuvil.frontend import onnx as importer
-
-    if hasattr(importer, "kernel_programs"):
-        pytest.skip("the importer lists kernels now: tune_model is tested with it (test_autotune_measure.py)")
-    with pytest.raises(cuvil.UnsupportedOpError, match="kernel_programs"):
-        cuvil.autotune.tune_model(tmp_path / "m.onnx", trials=2, db=str(tmp_path / "t.db"))
-
-
 def test_tune_subcommand(tmp_path, capsys) -> None:
     import argparse
 

@@ -92,16 +92,13 @@ def _gemm_model(m: int, k: int, n: int):
     return model, {"x": rng.standard_normal((m, k)).astype(np.float32)}
 
 
-def test_the_graph_compiler_counts_a_schedule_fallback_and_dump_shows_it(monkeypatch, caplog) -> None:
+def test_the_graph_compiler_counts_a_schedule_fallback_and_dump_shows_it(monkeypatch, caplog, fresh_kernels):
     import cuvil.graph.compile as gc
     from cuvil.bench_model import ModelResult, header, row
     from cuvil.cli_onnx import dump_calls
     from cuvil.frontend.onnx import import_model
 
     monkeypatch.setattr(AutoScheduler, "contraction", _refuse("the tile"))
-    monkeypatch.setattr(gc, "_KERNELS", {})
-    monkeypatch.setattr(gc, "_FALLBACK_OF", {})
-    monkeypatch.setenv("CUVIL_CACHE_DIR", "off")
     model, feeds = _gemm_model(13, 48, 40)
     with caplog.at_level(logging.WARNING, logger="cuvil.schedule"):
         prog = gc.compile_model(import_model(model), {"x": (13, 48)})
@@ -176,14 +173,12 @@ def test_convnext_downsample_lowers_within_the_budget_and_matches_numpy() -> Non
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
 
 
-def test_layer_norm_rows_are_fused_without_a_fallback(monkeypatch, caplog) -> None:
+def test_layer_norm_rows_are_fused_without_a_fallback(caplog, fresh_kernels) -> None:
     # the variance's vector lanes read the deviations, not the variance itself: the deviations are computed
     # in the lanes' row loop (this chain used to be refused, silently, and ran as separate loop nests)
     import cuvil.graph.compile as gc
     from cuvil.frontend.onnx import import_model
 
-    monkeypatch.setattr(gc, "_KERNELS", {})
-    monkeypatch.setenv("CUVIL_CACHE_DIR", "off")
     rng = np.random.default_rng(4)
     node = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5, name="ln")
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, 256])],

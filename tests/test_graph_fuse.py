@@ -190,7 +190,7 @@ def test_profile_times_every_call():
                                                                       fuse=False).run(feeds)["y"], rtol=1e-5)
 
 
-def test_a_fused_kernel_that_does_not_compile_falls_back_to_one_kernel_per_node(monkeypatch, caplog):
+def test_a_fused_kernel_that_does_not_compile_falls_back_to_one_kernel_per_node(monkeypatch, caplog, fresh_kernels):
     import cuvil.graph.compile as fo
     from cuvil.errors import CuvilError
 
@@ -203,8 +203,6 @@ def test_a_fused_kernel_that_does_not_compile_falls_back_to_one_kernel_per_node(
         return real(what, *args)
 
     monkeypatch.setattr(fo, "lower_kernel", refuse_fused)
-    monkeypatch.setattr(fo, "_KERNELS", {})
-    monkeypatch.setenv("CUVIL_CACHE_DIR", "off")
     g = _nchw(import_model(model))
     with caplog.at_level("WARNING", logger="cuvil.schedule"):
         prog = compile_graph(g, {"x": (1, 8, 6, 6)}, {}, "llvm")

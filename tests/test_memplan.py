@@ -1,7 +1,8 @@
 """The static memory plan never lets two live buffers share a byte, and reuses dead ones."""
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from reference import budget
 
 from cuvil.graph.memplan import Lifetime, lifetimes, plan_memory
 
@@ -15,7 +16,7 @@ def test_chain_reuses_the_first_buffer():
     assert "33% saved" in str(p)
 
 
-@settings(max_examples=200, deadline=None)
+@budget(10)  # 200 examples under the ci profile
 @given(st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 20), st.integers(0, 8)), min_size=1, max_size=25))
 def test_no_two_live_buffers_overlap(specs):
     bufs = [Lifetime(k, n, t, t + d) for k, (n, t, d) in enumerate(specs)]

@@ -101,11 +101,11 @@ def test_a_second_compile_comes_from_the_kernel_cache(model_path, tmp_path, monk
 
     cache = tmp_path / "kcache"
     monkeypatch.setenv("CUVIL_CACHE_DIR", str(cache))
-    monkeypatch.setattr(fo, "_KERNELS", {})
+    fo.clear_kernels()
     assert main(["compile", str(model_path), "-o", str(tmp_path / "a.ll")]) == 0
     entries = sorted(p.name for p in cache.rglob("*") if p.is_file())
     assert any(e.endswith(".pkl") for e in entries) and any(e.endswith(".o") for e in entries)
-    monkeypatch.setattr(fo, "_KERNELS", {})
+    fo.clear_kernels()
     assert main(["compile", str(model_path), "-o", str(tmp_path / "b.ll")]) == 0
     assert sorted(p.name for p in cache.rglob("*") if p.is_file()) == entries
 

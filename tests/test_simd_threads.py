@@ -14,8 +14,9 @@ import textwrap
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from reference import budget
 
 from cuvil import dtype as dt
 from cuvil.codegen.llvm import PARALLEL_STACK_LIMIT, codegen_llvm
@@ -245,7 +246,7 @@ def expressions(draw, dtype, leaves, depth):
     return Binary(dtype, op, a, b)
 
 
-@settings(max_examples=15, deadline=None)
+@budget(0.75)  # 15 examples under the ci profile
 @given(st.sampled_from(ALL), st.sampled_from(ALL), st.data())
 def test_random_expressions_vector_equals_serial(d0, d1, data):
     """A random expression over two inputs (and the loop variable) of random dtypes."""
@@ -264,7 +265,7 @@ def test_random_expressions_vector_equals_serial(d0, d1, data):
         same_as_serial(build, [d0, d1], [a, b])
 
 
-@settings(max_examples=15, deadline=None)
+@budget(0.75)  # 15 examples under the ci profile
 @given(st.sampled_from(ALL), st.sampled_from([3, 5, 7, 11, 13, 14, 15, 24, 56]), st.data())
 def test_constant_extent_tail_is_one_masked_vector(d0, extent, data):
     """A constant extent that is not a power of two (a 7-wide row) ends in one masked vector: the same

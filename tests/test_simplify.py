@@ -1,8 +1,9 @@
 """The loop-IR simplifier keeps integer values: random affine expressions with floor division and
 modulo by constants evaluate the same before and after simplification (numpy floor semantics)."""
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from reference import budget
 
 from cuvil.ir import expr as E
 from cuvil.ir.simplify import simplify_expr
@@ -43,7 +44,7 @@ def _affine(draw, depth=3):
     return out + draw(st.integers(-40, 40))
 
 
-@settings(max_examples=300, deadline=None)
+@budget(15)  # 300 examples under the ci profile
 @given(_affine(), st.lists(st.tuples(st.integers(-60, 60), st.integers(-60, 60)), min_size=4, max_size=4))
 def test_simplify_keeps_integer_values(e, points):
     s = simplify_expr(e)
@@ -128,7 +129,7 @@ def test_floor_division_of_data_keeps_the_wrapped_value():
         np.testing.assert_array_equal(y, (x * 4 + 1) // 4)
 
 
-@settings(max_examples=300, deadline=None)
+@budget(15)  # 300 examples under the ci profile
 @given(st.sampled_from([2, 4, 14, 16, 32]), st.integers(1, 3), st.sampled_from([3, 7, 896]), st.integers(-3, 3),
        st.integers(0, 3), st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 1000)), min_size=6, max_size=6))
 def test_common_factor_of_divisor_and_coefficient(g, a, d, shift, width, points):

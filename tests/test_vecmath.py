@@ -21,8 +21,9 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from reference import budget
 
 from cuvil.codegen.llvm import simd_bits
 from cuvil.ir import expr as E
@@ -176,7 +177,7 @@ def test_no_libm_calls_in_vector_code(name):
         assert "<4 x float>" in llvm or "<8 x float>" in llvm or "<16 x float>" in llvm
 
 
-@settings(max_examples=30, deadline=None)
+@budget(1.5)  # 30 examples under the ci profile
 @given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1, max_size=70),
        st.sampled_from(NAMES))
 def test_random_inputs(values, name):

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cuvil.errors import ArgumentError, UnsupportedOpError
+from cuvil.errors import ArgumentError
 
 
 @dataclass
@@ -95,12 +95,7 @@ def tune_model(path: str | os.PathLike[str], trials: int = 64, db: Any = "cuvil-
                timeout_s: float = 10.0, num_threads: int | None = None, progress: bool | None = None,
                history: list[tuple[int, float]] | None = None) -> list[KernelResult]:
     """Tune the distinct kernels of the ONNX model at ``path`` with ``trials`` trials in all."""
-    from cuvil.frontend import onnx as importer
+    from cuvil.frontend.onnx import kernel_programs
 
-    lister = getattr(importer, "kernel_programs", None)
-    if lister is None:
-        raise UnsupportedOpError("tuning a whole model needs the ONNX importer to list its kernels "
-                                 "(cuvil.frontend.onnx.kernel_programs), which it does not do yet; tune kernels "
-                                 "with cuvil.autotune.tune meanwhile")
-    kernels = lister(os.fspath(path), target)
+    kernels = kernel_programs(os.fspath(path), target)
     return tune_kernels(kernels, trials, db, target, timeout_s, num_threads, progress=progress, history=history)

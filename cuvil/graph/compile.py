@@ -53,7 +53,8 @@ from cuvil.graph.ops.base import (
 )
 from cuvil.schedule.fallback import first_line, scheduling
 
-__all__ = ["CompiledGraph", "check_supported", "compile_graph", "compile_model", "kernel_programs", "prepare"]
+__all__ = ["CompiledGraph", "check_supported", "clear_kernels", "compile_graph", "compile_model", "kernel_programs",
+           "prepare"]
 
 log = logging.getLogger("cuvil.schedule")
 
@@ -150,6 +151,13 @@ def kernel_programs(graph: Graph, target: Any = "llvm", shapes: Mapping[str, tup
 
 _KERNELS: dict[tuple, Any] = {}  # (target, node key) -> LoweredFunc named "k", shared by every session
 _FALLBACK_OF: dict[tuple, str] = {}  # node key -> why its kernel took a plainer schedule (for cached kernels)
+
+
+def clear_kernels() -> None:
+    """Forget the kernels lowered in this process (the next compile lowers them again, or reads them from
+    the on-disk cache, :func:`cuvil.graph.kernel_cache.clear` empties that)."""
+    _KERNELS.clear()
+    _FALLBACK_OF.clear()
 
 
 def _digest(a: np.ndarray) -> str:

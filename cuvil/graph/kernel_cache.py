@@ -32,10 +32,14 @@ def cache_dir() -> str | None:
     return d or os.path.join(os.path.expanduser("~"), ".cache", "cuvil", "kernels")
 
 
-# sources that cannot change a lowered kernel or its machine code (command line, benchmarks, the tuner,
-# the session's plumbing, export, loading a .so): editing them keeps the cache valid
+# sources that cannot change a lowered kernel or its machine code (command line, benchmarks, the tuner's
+# search and measurement, the session's plumbing, export, loading a .so): editing them keeps the cache
+# valid.  The tuner's record lookup and replay (autotune/replay.py, database.py, workload.py) are in the
+# key, and so is any new file: an omission costs a recompile, never a stale kernel
 _NOT_IN_KERNELS = frozenset({
-    "autotune", "cli.py", "cli_onnx.py", "bench.py", "bench_model.py", "bench_registry.py", "bench_torch.py",
+    "autotune/__init__.py", "autotune/api.py", "autotune/cli.py", "autotune/measure.py", "autotune/model.py",
+    "autotune/models.py", "autotune/search.py", "autotune/space.py", "autotune/worker.py",
+    "cli.py", "cli_onnx.py", "bench.py", "bench_model.py", "bench_registry.py", "bench_torch.py",
     "zoo.py", "onnx.py", "registry", "decorator.py",
     "frontend", "torch",  # importers write graph IR: a kernel's key holds its op, attributes and shapes
     "graph/export.py", "graph/export_api.py", "graph/export_header.py", "graph/profile.py", "runtime/loader.py",
@@ -61,6 +65,27 @@ def _code_version() -> str:
         with open(path, "rb") as fh:
             h.update(name.encode() + b"\0" + fh.read())
     return h.hexdigest()
+
+
+def clear() -> int:
+    """Delete every entry of the cache directory (lowered kernels and object code; files of other
+    programs are left alone); returns how many were deleted."""
+    d = cache_dir()
+    n = 0
+    if d is None or not os.path.isdir(d):
+        return 0
+    for sub in os.listdir(d):
+        path = os.path.join(d, sub)
+        if len(sub) != 2 or not os.path.isdir(path):
+            continue
+        for f in os.listdir(path):
+            if f.endswith((".pkl", ".o", ".tmp")):
+                try:
+                    os.remove(os.path.join(path, f))
+                    n += 1
+                except OSError:
+                    pass
+    return n
 
 
 def _path(key: Any, suffix: str = ".pkl") -> str | None:
