@@ -5,9 +5,10 @@ import math
 
 import numpy as np
 import pytest
+import toolchain
 
-pytest.importorskip("onnx")
-pytest.importorskip("onnxruntime")
+toolchain.module("onnx")
+toolchain.module("onnxruntime")
 
 from onnx import helper  # noqa: E402
 from onnx_models import float_model  # noqa: E402

@@ -11,11 +11,11 @@ import textwrap
 
 import numpy as np
 import pytest
+from toolchain import module, require
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+onnx = module("onnx")
+ort = module("onnxruntime")
 from onnx import TensorProto, helper  # noqa: E402
-from toolchain import require  # noqa: E402
 
 import cuvil  # noqa: E402
 import cuvil.onnx as connx  # noqa: E402

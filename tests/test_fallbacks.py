@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import pytest
+import toolchain
 from onnx import TensorProto, helper, numpy_helper
 
 import cuvil
@@ -16,7 +16,7 @@ from cuvil.errors import IslBudgetError, ScheduleError
 from cuvil.schedule.auto import AutoScheduler, PlainStrategies
 from cuvil.schedule.fallback import Fallback
 
-ort = pytest.importorskip("onnxruntime")
+ort = toolchain.module("onnxruntime")
 
 
 def _matmul(m: int, n: int, k: int) -> list[te.Tensor]:

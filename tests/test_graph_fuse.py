@@ -3,10 +3,10 @@
 import math
 
 import numpy as np
-import pytest
+import toolchain
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+onnx = toolchain.module("onnx")
+ort = toolchain.module("onnxruntime")
 
 from onnx import helper  # noqa: E402
 from onnx_models import float_model  # noqa: E402

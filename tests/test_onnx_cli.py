@@ -7,9 +7,10 @@ import re
 
 import numpy as np
 import pytest
+import toolchain
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+onnx = toolchain.module("onnx")
+ort = toolchain.module("onnxruntime")
 from onnx import TensorProto, helper  # noqa: E402
 
 from cuvil.cli import main  # noqa: E402

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import toolchain
 from hypothesis import given
 from hypothesis import strategies as st
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+onnx = toolchain.module("onnx")
+ort = toolchain.module("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from reference import budget  # noqa: E402
 

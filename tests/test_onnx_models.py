@@ -16,9 +16,10 @@ import os
 
 import numpy as np
 import pytest
+import toolchain
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+onnx = toolchain.module("onnx")
+ort = toolchain.module("onnxruntime")
 from onnx import numpy_helper  # noqa: E402
 from onnx_models import (  # noqa: E402
     bert_encoder_model,

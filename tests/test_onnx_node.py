@@ -17,9 +17,10 @@ import warnings
 
 import numpy as np
 import pytest
+import toolchain
 
-onnx = pytest.importorskip("onnx")
-pytest.importorskip("onnxruntime")
+onnx = toolchain.module("onnx")
+toolchain.module("onnxruntime")
 from onnx import numpy_helper  # noqa: E402
 
 import cuvil.errors  # noqa: E402

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from toolchain import IN_CI, missing, module
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+onnx = module("onnx")
+ort = module("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from reference import budget  # noqa: E402
-from toolchain import IN_CI, missing  # noqa: E402
 
 import cuvil.onnx  # noqa: E402
 from cuvil.errors import CuvilError, ShapeError, UnsupportedOpError  # noqa: E402

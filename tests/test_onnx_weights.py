@@ -3,9 +3,10 @@ results, with and without a bias input (the packed copy must never be taken for 
 
 import numpy as np
 import pytest
+import toolchain
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+onnx = toolchain.module("onnx")
+ort = toolchain.module("onnxruntime")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 

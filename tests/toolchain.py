@@ -6,8 +6,10 @@ there would hide a broken install step.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
+from typing import Any
 
 import pytest
 
@@ -27,3 +29,12 @@ def require(tool: str, install: str) -> str:
     if path is None:
         missing(f"{tool} is not on PATH ({install})")
     return path  # type: ignore[return-value]
+
+
+def module(name: str, install: str = "pip install -e '.[test]'") -> Any:
+    """The Python module ``name`` (onnx, onnxruntime, ...), or skip/fail saying how to install it: the
+    CI-aware form of ``pytest.importorskip``."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        missing(f"{name} is not installed ({install})")
