@@ -210,8 +210,25 @@ def llvm_binding() -> Any:
         llvm.initialize_all_asmprinters()
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
+        _load_libgcc(llvm)
         llvm_binding.done = True  # type: ignore[attr-defined]
     return llvm
+
+
+def _load_libgcc(llvm: Any) -> None:
+    """Conversions to float16 that the CPU has no instruction for (double -> half on every x86, float ->
+    half without F16C) are calls to libgcc's helpers (``__truncdfhf2``, ...): load libgcc_s so the JIT
+    resolves them even where nothing in the process has (a plain ``python`` that imported only numpy; a
+    call to an unresolved helper jumped to address 0)."""
+    import ctypes.util
+
+    for name in (ctypes.util.find_library("gcc_s"), "libgcc_s.so.1"):
+        if name:
+            try:
+                llvm.load_library_permanently(name)
+                return
+            except RuntimeError:
+                continue
 
 
 def _same_machine(triple: str, host: str) -> bool:
