@@ -58,3 +58,14 @@ def fresh_kernels(monkeypatch):
     clear_kernels()
     yield
     clear_kernels()
+
+
+@pytest.fixture(scope="module", params=["te", "auto"])
+def each_schedule(request):
+    """Every program a module builds through ``reference.build`` / ``compile_and_run``, built twice: in
+    the te order and under ``auto_schedule`` (``pytestmark = pytest.mark.usefixtures("each_schedule")``)."""
+    import reference
+
+    reference.SCHEDULE = request.param
+    yield request.param
+    reference.SCHEDULE = "te"

@@ -43,8 +43,15 @@ def budget(fraction: float = 1.0) -> settings:
 # ---------------------------------------------------------------------------
 
 
+SCHEDULES = ("te", "auto")
+SCHEDULE = "te"  # which one build() uses: set per test module by conftest's ``each_schedule`` fixture
+
+
 def build(outputs: Any, args: Sequence[Any]) -> Any:
-    """Default schedule of ``outputs`` compiled for the host CPU."""
+    """``outputs`` compiled for the host CPU in the te order (``SCHEDULE == "te"``) or as
+    :func:`cuvil.auto_schedule` schedules them (``"auto"``: tiles, vectors, threads, fusion)."""
+    if SCHEDULE == "auto":
+        return cuvil.build(cuvil.auto_schedule(list(args)), list(args), target="llvm")
     return cuvil.build(te.create_schedule(outputs), list(args), target="llvm")
 
 

@@ -43,6 +43,8 @@ from reference import (
 
 from cuvil import te
 
+pytestmark = pytest.mark.usefixtures("each_schedule")  # the te order and auto_schedule
+
 FLOAT_DTYPES = ["float32", "float64"]
 INT_DTYPES = ["int32", "int64", "int8", "uint8"]
 

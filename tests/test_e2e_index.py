@@ -29,6 +29,8 @@ from reference import (
 import cuvil
 from cuvil import te
 
+pytestmark = pytest.mark.usefixtures("each_schedule")  # the te order and auto_schedule
+
 DTYPES = ["float32", "float64", "float16", "int32", "int64", "int8", "uint8", "bool"]
 
 

@@ -32,6 +32,8 @@ from reference import (
 
 from cuvil import te
 
+pytestmark = pytest.mark.usefixtures("each_schedule")  # the te order and auto_schedule
+
 # ---------------------------------------------------------------------------
 # matmul
 # ---------------------------------------------------------------------------

@@ -32,6 +32,8 @@ from reference import (
 
 from cuvil import te
 
+pytestmark = pytest.mark.usefixtures("each_schedule")  # the te order and auto_schedule
+
 prod = te.comm_reducer(lambda x, y: x * y, lambda t: 1, name="prod")
 
 NP = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}

@@ -469,6 +469,8 @@ class VectorLoops:
             return self.vec(self.vexpr(e))
         if not isinstance(e, Load) or e.dtype != e.buffer.dtype:
             return None
+        if not e.indices:  # a 0-d buffer: one value for every lane, always there to read
+            return self.vec(self.vexpr(e))
         b = self.builder
         ptr, flat = self._vflat(e.buffer, e.indices)
         if flat.stride != 1:
@@ -504,7 +506,7 @@ class VectorLoops:
         """The buffer's pointer and the row-major flat index (int64 lanes) of ``indices``."""
         ptr, dims = self.storage(buffer, indices)
         b = self.builder
-        flat: Lanes | None = None
+        flat: Lanes | None = None if indices else Lanes(ir.Constant(I64, 0), 0)  # a 0-d buffer: element 0
         for idx, dim in zip(indices, dims):
             i = self._vindex(idx)
             if flat is None:
