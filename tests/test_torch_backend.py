@@ -193,6 +193,32 @@ def test_another_module_instance_gets_its_own_weights() -> None:
         _assert_matches(fa(x), a(x), "first instance again")
 
 
+def test_skip_weight_guards_drops_only_the_weights_tensor_guards() -> None:
+    # the guard filter saves dynamo's per-call checks of the weights; cuvil's own identity check still
+    # sees another instance's weights and a replaced parameter (both compiled again for them)
+    torch.manual_seed(0)
+    a, b = _ConvBN().eval(), _ConvBN().eval()
+    x = torch.randn(1, 3, 8, 8)
+    kept: list = []
+
+    def spy(entries):
+        keep = backend.skip_weight_guards(entries)
+        kept.extend(zip(entries, keep))
+        return keep
+
+    opts = {"guard_filter_fn": spy}
+    fa, fb = torch.compile(a, backend="cuvil", options=opts), torch.compile(b, backend="cuvil", options=opts)
+    with torch.inference_mode():
+        _assert_matches(fa(x), a(x), "first instance")
+        _assert_matches(fb(x), b(x), "second instance")
+        a.conv.weight = torch.nn.Parameter(torch.randn_like(a.conv.weight))
+        _assert_matches(fa(x), a(x), "a replaced parameter")
+    dropped = {e.name for e, k in kept if not k}
+    assert dropped and all(("._parameters[" in n or "._buffers[" in n) for n in dropped)
+    assert {e.guard_type for e, k in kept if not k} == {"TENSOR_MATCH"}
+    assert any(k and e.guard_type == "TENSOR_MATCH" for e, k in kept)  # the input's guard stays
+
+
 @torch.library.custom_op("cuvil_test::scaled_cube", mutates_args=())
 def _scaled_cube(x: torch.Tensor) -> torch.Tensor:
     return x * x * x * 0.5
