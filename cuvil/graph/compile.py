@@ -181,7 +181,7 @@ def _node_key(ctx: NodeCtx, target: str) -> tuple:
         tuple(e.shape), e.dtype.name, True) for e in ctx.entries)
     values = tuple((i, _digest(np.asarray(ctx.entries[i]))) for i in sorted(ctx.value_reads))
     attrs = tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items()))
-    return (target, n.op_type, ctx.opset, attrs, spec, values, len(n.outputs))
+    return (target, n.op_type, ctx.opset, attrs, spec, values, len(n.outputs)) + ((ctx.variant,) if ctx.variant else ())
 
 
 def lower_kernel(what: str, args: list[Any], placeholders: list[Any], target: Any, tuning_db: Any = None

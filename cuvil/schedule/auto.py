@@ -55,6 +55,7 @@ MATVEC_MIN_WORK = 1 << 18  # ... or, with one row (a matrix-vector product: an R
 # many: it streams its whole weight matrix through the cache once, and two cores' bandwidth halves that
 BIG_TILE_ROWS = 512  # rows from which a contraction gets the 6 x 4-vector register tile (see _tile_sizes)
 TALL_TILE_ROWS = 14  # rows of the tile over panels read by one reduction loop (see _tile_sizes)
+WIDE_ROW = 192  # output rows from which a window's tile takes filters, not pixels, in lanes (see _wide_rows)
 PACK_GAIN = 1.25  # how much more work per load a tile must get before an operand is packed to make it
 
 
@@ -240,6 +241,9 @@ class AutoScheduler(PlainStrategies):
         if pick is not None:
             return cands[pick % len(cands)]
         best = max(cands, key=lambda c: self._intensity(c, op))
+        wide = self._wide_rows(op, best, cands)
+        if wide is not None:
+            return wide
         if best.pack_dim is None or best.panel is not None:
             return best  # no copy to pay for (an operand already in panels: constant filters of a model)
         first = cands[0]
@@ -247,6 +251,19 @@ class AutoScheduler(PlainStrategies):
                                        or self._intensity(first, op) * PACK_GAIN >= self._intensity(best, op)):
             return first
         return best
+
+    @staticmethod
+    def _wide_rows(op: ComputeOp, best: Contraction, cands: list[Contraction]) -> Contraction | None:
+        """The candidate with filters in panels when the best one puts a window's (several reduction loops)
+        output rows of at least :data:`WIDE_ROW` pixels in lanes: each row tile then re-reads its inputs'
+        lines across every filter block, and at 1 thread on Zen 4 the NCHW 3x3 convolutions lost a third
+        (64 -> 32 at 256x256 33.0 ms, filters in lanes 24.9; 32 -> 32 at 256x256 15.8 / 12.3; at 192x192
+        20.5 / 14.1), while at 128 and below both tie (64 -> 64 12.2 / 11.8, 128 -> 64 23.6 / 23.1)."""
+        if len(op.reduce_axis) < 2 or best.panel is not None or best.j is not op.axis[-1]:
+            return None
+        if (const_int(best.j.extent) or 0) < WIDE_ROW:
+            return None
+        return next((c for c in cands if c.panel is not None), None)
 
     def contraction(self, st: Stage, c: Contraction, knobs: Mapping[str, Any] | None = None) -> set[int]:
         s = self.s

@@ -52,6 +52,30 @@ def _outer_loop(st: Stage) -> IterVar | None:
     return None
 
 
+SELECTOR_EXTENT = 4  # axes up to this extent whose values pick a formula (see _selector_axes) are unrolled
+
+
+def _selector_axes(st: Stage) -> list[IterVar]:
+    """The axes of an element-wise stage (in te order, its loops untouched) whose values choose between
+    formulas: every select condition of the body tests only such axes, each of at most
+    ``SELECTOR_EXTENT`` iterations (a Winograd transform's ``select(r == 0, d0 - d2, select(r == 1, ...))``).
+    Unrolled, each copy's conditions are constants and its select folds to one formula; in a vector
+    loop they would be computed for every branch and blended lane by lane."""
+    op = st.op
+    if list(st.leaves) != list(op.axis):
+        return []
+    small = {id(a): a for a in op.axis if 1 < (const_int(a.extent) or 0) <= SELECTOR_EXTENT}
+    found: dict[int, IterVar] = {}
+    for n in walk(op.body):
+        if isinstance(n, E.Select):
+            parts = list(walk(n.cond))
+            used = [x for x in parts if isinstance(x, IterVar)]
+            if any(isinstance(x, TensorRead) for x in parts) or any(id(x) not in small for x in used):
+                return []
+            found.update((id(x), x) for x in used)
+    return [a for a in op.axis if id(a) in found]
+
+
 def _readers(s: Schedule, st: Stage) -> list[Stage]:
     return [r for r in s.compute_stages if s.reads(r, st)]
 
@@ -318,7 +342,10 @@ class PlainStrategies:
         v = self.lanes(st.op.dtype)
         ext = const_int(inner.extent)
         rows = self._transposed_read(st)
-        if rows is not None and ext is not None and ext >= v:
+        selectors = _selector_axes(st)
+        if selectors:
+            self._unrolled_selectors(st, selectors, v, strict)
+        elif rows is not None and ext is not None and ext >= v:
             try:
                 self._transpose_tiles(st, rows, inner, v)
             except REFUSED as exc:
@@ -357,6 +384,36 @@ class PlainStrategies:
                 if strict:
                     raise
                 fall_back(self.s, st, f"parallel({loop.name})", exc, "one thread instead")  # a loss (WARNING)
+
+    def _unrolled_selectors(self, st: Stage, selectors: list[IterVar], v: int, strict: bool) -> None:
+        """Selector axes (see :func:`_selector_axes`) unrolled inside the vector loop's outer part, the
+        innermost other axis vectorised::
+
+            for (r < 4) for (c < C) for (t < T) vector V[r, c, t] = select(r == 0, X[..] - X[..], ...)
+          ->
+            for (c < C) for (t.o < T / 16) { V[0, c, t.o*16 + 0:16] = X[..] - X[..]; ... (r = 1, 2, 3) }
+
+        Each unrolled copy is one formula (its select folds away), and the copies share their loads (a
+        Winograd transform reads 16 inputs once for 16 outputs)."""
+        rest = [a for a in st.leaves if not any(a is x for x in selectors)]
+        try:
+            order = list(rest)
+            xi = None
+            if rest:
+                inner = rest[-1]
+                ext = const_int(inner.extent)
+                if ext is not None and ext >= 4:
+                    xo, xi = st.split(inner, factor=v) if ext > v else (None, inner)
+                    order = rest[:-1] + ([xo] if xo is not None else [])
+            st.reorder(*order, *selectors, *([xi] if xi is not None else []))
+            for a in selectors:
+                st.unroll(a)
+            if xi is not None:
+                st.vectorize(xi)
+        except REFUSED as exc:
+            if strict:
+                raise
+            fall_back(self.s, st, "selector axes unrolled", exc, "the te order instead")  # a loss (WARNING)
 
     @staticmethod
     def _stencil_axis(st: Stage) -> IterVar | None:

@@ -249,10 +249,15 @@ class PolyModel:
         domain = isl.Set(f"{self.param_str} -> {{ {space} : {' and '.join(cons) or '0 = 0'} }}")
         writes = self._access(space, domain, op.output(0), store, names)
         reads = isl.UnionMap.empty(domain.get_space().params())
+        seen: set[tuple[int, str]] = set()
         for root in (value,) + ((guard,) if guard is not None else ()):
             for n in walk(root):
-                if isinstance(n, TensorRead):
+                if isinstance(n, TensorRead) and (id(n.tensor), str(n.indices)) not in seen:
+                    seen.add((id(n.tensor), str(n.indices)))
                     reads = reads.union(self._access(space, domain, n.tensor, n.indices, names))
+        # one box instead of a map per read where the reads tile one (a Winograd tile's 16 taps, a 3x3
+        # window written tap by tap): every dataflow question isl answers later is that much smaller
+        reads = reads.coalesce()
         return Statement(name, st, kind, iters, iter_names, domain, store, value, guard, reads, writes)
 
     def _access(self, space: str, domain: isl.Set, t: Tensor, indices: tuple[Expr, ...],

@@ -150,6 +150,7 @@ class NodeCtx:
         self.placeholders: list[tuple[int, Tensor]] = []
         self.value_reads: set[int] = set()
         self.target: Any = None  # the compile target (set by compile_graph): builders may pick layouts for it
+        self.variant = ""  # the lowering a builder chose beyond shapes and attributes (a Conv's "winograd"): keys it
         self._tensors: dict[tuple[int, tuple[int, ...]], Tensor] = {}
 
     # -- inputs -------------------------------------------------------------------
@@ -297,11 +298,19 @@ def elementwise(ctx: NodeCtx, inputs: Sequence[int], f: Callable[..., Any], name
 
 def _dim_groups(out: Sequence[int], kernel: Sequence[int]) -> list[list[int]] | None:
     """The dimensions of ``out`` that each dimension of ``kernel`` merges (``kernel`` is ``out`` with
-    runs of adjacent dimensions merged and size-1 dimensions dropped or kept), or None."""
+    runs of adjacent dimensions merged, or one dimension split into several, e.g. a Winograd output
+    ``[n, k, y / 2, 2, x / 2, 2]``; size-1 dimensions dropped or kept), or None."""
     big = [d for d, n in enumerate(out) if n != 1]
     groups: list[list[int]] = []
     k = 0
+    left = 1  # what the next kernel dimensions must still cover of a split dimension of out
     for n in kernel:
+        if left > 1 and n > 1:
+            if left % n:
+                return None
+            left //= n
+            groups.append([big[k - 1]])
+            continue
         g: list[int] = []
         size = 1
         while size < n and k < len(big):
@@ -309,9 +318,11 @@ def _dim_groups(out: Sequence[int], kernel: Sequence[int]) -> list[list[int]] | 
             size *= out[big[k]]
             k += 1
         if size != n:
-            return None
+            if len(g) != 1 or size % n:
+                return None
+            left = size // n  # the first piece of a split dimension
         groups.append(g)
-    return groups if k == len(big) else None
+    return groups if k == len(big) and left == 1 else None
 
 
 def _fused_layout(ctx: NodeCtx, inputs: Sequence[int], shape: tuple[int, ...]
@@ -330,11 +341,11 @@ def _fused_layout(ctx: NodeCtx, inputs: Sequence[int], shape: tuple[int, ...]
             s = ctx.shape(j)
             s = (1,) * (len(shape) - len(s)) + s
             dims = []
-            for g in groups:
+            for g, n in zip(groups, e.kernel_shape):
                 if all(s[d] == 1 for d in g):
                     dims.append(1)
                 elif all(s[d] == shape[d] for d in g):
-                    dims.append(math.prod(shape[d] for d in g))
+                    dims.append(n)
                 else:
                     break
             if len(dims) != len(groups):
