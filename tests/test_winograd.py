@@ -57,6 +57,23 @@ def _tolerance(x: np.ndarray, wt: np.ndarray, c: int) -> float:
     return 64 * math.sqrt(9 * c) * eps * float(np.abs(x).max()) * float(np.abs(wt).max())
 
 
+DEFAULT_MIN_TILES = nn.WINOGRAD_MIN_TILES
+
+
+@pytest.fixture(autouse=True)
+def small_images(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Winograd from one tile on, so small (fast to compile) images exercise it."""
+    monkeypatch.setattr(nn, "WINOGRAD_MIN_TILES", 1)
+
+
+def test_too_few_tiles_stay_direct(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nn, "WINOGRAD_MIN_TILES", DEFAULT_MIN_TILES)
+    model, wt, b = _model(128, 128, 10, 10)  # 25 tiles: the slow case (YOLOv8n's 128-channel 10x10 convs)
+    x = np.random.default_rng(4).standard_normal((1, 128, 10, 10)).astype(np.float32)
+    y, prog = _run(model, x)
+    assert "wino_gemm" not in _stages(prog)
+
+
 def _run(model: bytes, x: np.ndarray) -> tuple[np.ndarray, object]:
     s = cuvil.onnx.InferenceSession(model, num_threads=1)
     y = s.run(None, {"x": x})[0]
