@@ -15,6 +15,7 @@ from typing import Any
 
 from cuvil.errors import (
     ArgumentError,
+    BoundsError,
     CuvilError,
     DTypeError,
     IslBudgetError,
@@ -56,7 +57,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "ArgumentError", "CuvilError", "DTypeError", "IslBudgetError", "ModelError", "ScheduleError", "ShapeError",
+    "ArgumentError", "BoundsError", "CuvilError", "DTypeError", "IslBudgetError", "ModelError", "ScheduleError",
+    "ShapeError",
     "TargetError", "UnsupportedOpError", "Target", "__version__", "auto_schedule", "autotune", "build", "compile",
     "get_num_threads", "lower", "runtime", "set_num_threads", "te",
 ]

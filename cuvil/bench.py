@@ -263,6 +263,76 @@ def _ort_session(model: Any, threads: int) -> Any:
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
+@dataclass
+class Comparison:
+    """One workload at one thread count: cuvil's median time and the rivals' beside it (ratio =
+    rival time / cuvil time, > 1: cuvil is faster), the compile time and what did not match."""
+
+    threads: int
+    compile_s: float
+    cuvil_s: float
+    numpy_s: float | None = None
+    numpy_ratio: float | None = None
+    ort_s: float | None = None
+    ort_ratio: float | None = None
+    max_rel_err: float | None = None
+    problems: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def compare(w: Workload, threads: list[int], rounds: int = 7, have_ort: bool = True) -> list[Comparison]:
+    """Build ``w`` with ``auto_schedule`` (its constants through an InferenceSession), check it against
+    its numpy reference and onnxruntime, and time the three interleaved at each thread count."""
+    import cuvil
+
+    args, inputs = w.build()
+    t0 = time.perf_counter()
+    if w.constants:  # the one-node model, its constants as initializers, through cuvil's ONNX session
+        from cuvil.onnx import InferenceSession
+
+        sess_c = InferenceSession(w.onnx(inputs).SerializeToString())  # type: ignore[misc]
+        fed = {f"x{k}": x for k, x in enumerate(inputs) if k not in w.constants}
+
+        def call(s_: Any = sess_c, f_: Any = fed) -> list[np.ndarray]:
+            return s_.run(None, f_)
+    else:
+        mod = cuvil.build(cuvil.auto_schedule(args), args)
+        outs = [np.empty([int(d.value) for d in t.shape], t.dtype) for t in args[len(inputs):]]
+
+        def call(m: Any = mod, i: Any = inputs, o: Any = outs) -> list[np.ndarray]:
+            m(*i, *o)
+            return o
+    outs = call()
+    compile_s = time.perf_counter() - t0
+    problems: list[str] = []
+    err = None
+    if w.reference is not None:
+        ref = w.reference(*[x.astype(np.float64) for x in inputs])
+        err = float(np.max(np.abs(outs[0] - ref)) / max(np.max(np.abs(ref)), 1e-30))
+        if err > 1e-4:
+            problems.append(f"WRONG (max rel err {err:.1e})")
+    results = []
+    for th in threads:
+        rivals: dict[str, Callable[[], Any]] = {"cuvil": call}
+        if w.reference is not None:
+            rivals["numpy"] = lambda f=w.reference, i=inputs: f(*i)
+        if have_ort and w.onnx is not None:
+            sess = _ort_session(w.onnx(inputs), th)
+            feeds = {f"x{k}": x for k, x in enumerate(inputs) if k not in w.constants}
+            got = sess.run(None, feeds)[0]
+            if not np.allclose(got, outs[0], rtol=1e-3, atol=1e-3):
+                problems.append("cuvil and onnxruntime disagree")
+            rivals["ort"] = lambda s_=sess, f_=feeds: s_.run(None, f_)
+        with _threads(th):
+            times, ratios = interleaved(rivals, rounds, settle_s=SETTLE_S if th > 1 else 0.0)
+        results.append(Comparison(th, compile_s, times["cuvil"], times.get("numpy"), ratios.get("numpy"),
+                                  times.get("ort"), ratios.get("ort"), err, tuple(dict.fromkeys(problems))))
+    return results
+
+
 def run(threads: list[int], quick: bool = False, rounds: int = 7, only: str | None = None) -> int:
     import cuvil
 
@@ -291,49 +361,19 @@ def run(threads: list[int], quick: bool = False, rounds: int = 7, only: str | No
     for w in workloads(quick):
         if only is not None and only not in w.name:
             continue
-        args, inputs = w.build()
-        t0 = time.perf_counter()
-        if w.constants:  # the one-node model, its constants as initializers, through cuvil's ONNX session
-            from cuvil.onnx import InferenceSession
-
-            sess_c = InferenceSession(w.onnx(inputs).SerializeToString())  # type: ignore[misc]
-            fed = {f"x{k}": x for k, x in enumerate(inputs) if k not in w.constants}
-
-            def call(s_: Any = sess_c, f_: Any = fed) -> list[np.ndarray]:
-                return s_.run(None, f_)
-        else:
-            mod = cuvil.build(cuvil.auto_schedule(args), args)
-            outs = [np.empty([int(d.value) for d in t.shape], t.dtype) for t in args[len(inputs):]]
-
-            def call(m: Any = mod, i: Any = inputs, o: Any = outs) -> list[np.ndarray]:
-                m(*i, *o)
-                return o
-        outs = call()
-        compile_s = time.perf_counter() - t0
-        if w.reference is not None:
-            ref = w.reference(*[x.astype(np.float64) for x in inputs])
-            err = float(np.max(np.abs(outs[0] - ref)) / max(np.max(np.abs(ref)), 1e-30))
-            if err > 1e-4:
-                ok = False
-                print(f"{w.name}: WRONG (max rel err {err:.1e})")
-        for th in threads:
-            rivals: dict[str, Callable[[], Any]] = {"cuvil": call}
-            if w.reference is not None:
-                rivals["numpy"] = lambda f=w.reference, i=inputs: f(*i)
-            if have_ort and w.onnx is not None:
-                sess = _ort_session(w.onnx(inputs), th)
-                feeds = {f"x{k}": x for k, x in enumerate(inputs) if k not in w.constants}
-                got = sess.run(None, feeds)[0]
-                if not np.allclose(got, outs[0], rtol=1e-3, atol=1e-3):
-                    ok = False
-                    print(f"{w.name}: cuvil and onnxruntime disagree")
-                rivals["ort"] = lambda s_=sess, f_=feeds: s_.run(None, f_)
-            with _threads(th):
-                times, ratios = interleaved(rivals, rounds, settle_s=SETTLE_S if th > 1 else 0.0)
-            t_c, t_n, t_o = times["cuvil"], times.get("numpy"), times.get("ort")
-            rate = f"{w.flops / t_c / 1e9:8.1f} GFLOP/s" if w.flops else f"{w.nbytes / t_c / 1e9:8.1f} GB/s  "
-            share = f"{w.flops / t_c / peaks[th]:>6.0%}" if w.flops else f"{'-':>6}"
-            ref_s = f"{t_n * 1e3:>10.2f}{ratios['numpy']:>7.2f}" if t_n is not None else f"{'-':>10}{'-':>7}"
-            ort_s = f"{t_o * 1e3:>9.2f}{ratios['ort']:>7.2f}" if t_o is not None else f"{'-':>9}{'-':>7}"
-            print(f"{w.name:<34}{compile_s:>8.2f}s{th:>4}{t_c * 1e3:>10.2f}{rate:>14}{share}{ref_s}{ort_s}")
+        said: set[str] = set()
+        for c in compare(w, threads, rounds, have_ort):
+            ok &= c.ok
+            for problem in c.problems:
+                if problem not in said:
+                    said.add(problem)
+                    print(f"{w.name}: {problem}")
+            rate = (f"{w.flops / c.cuvil_s / 1e9:8.1f} GFLOP/s" if w.flops
+                    else f"{w.nbytes / c.cuvil_s / 1e9:8.1f} GB/s  ")
+            share = f"{w.flops / c.cuvil_s / peaks[c.threads]:>6.0%}" if w.flops else f"{'-':>6}"
+            ref_s = (f"{c.numpy_s * 1e3:>10.2f}{c.numpy_ratio:>7.2f}" if c.numpy_s is not None
+                     else f"{'-':>10}{'-':>7}")
+            ort_s = f"{c.ort_s * 1e3:>9.2f}{c.ort_ratio:>7.2f}" if c.ort_s is not None else f"{'-':>9}{'-':>7}"
+            print(f"{w.name:<34}{c.compile_s:>8.2f}s{c.threads:>4}{c.cuvil_s * 1e3:>10.2f}{rate:>14}{share}{ref_s}"
+                  f"{ort_s}")
     return 0 if ok else 1

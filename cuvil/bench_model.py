@@ -14,11 +14,15 @@ For each model it prints
   refused a strategy or gave up; each one is listed under the model's row),
 - whether the outputs agree (rtol 1e-3, atol 1e-4 of the output's magnitude).
 
-With no model it runs the onnx wheel's light models that compile in reasonable time (:data:`LIGHT`)
-and ResNet-18, MobileNetV2, the BERT-style encoder and the MLP of :mod:`cuvil.zoo`::
+Inputs are random (:func:`cuvil.graph.feeds.random_feeds`: token ids within their embedding's rows)
+of the shapes ``--shapes`` gives, else the declared ones (1 for a symbolic dimension); a cuvil.zoo
+model without ``--shapes`` takes its own inputs.  With no model it runs the onnx wheel's light
+models that compile in reasonable time (:data:`LIGHT`) and ResNet-18, MobileNetV2, the BERT-style
+encoder and the MLP of :mod:`cuvil.zoo`::
 
     cuvil bench                              # the default set
     cuvil bench model.onnx --threads 1,2     # one model
+    cuvil bench bert.onnx --shapes input_ids=4,128 mask=4,128   # random inputs of these shapes
     cuvil bench --models resnet18,light_squeezenet --no-cold
     cuvil bench resnet18 --threads 1 --profile 8    # and its 8 slowest kernel calls (cuvil.graph.profile)
     cuvil bench resnet18 --tuning-db tuned.db        # kernels replayed from `cuvil tune` records
@@ -85,36 +89,26 @@ def default_models() -> list[str]:
     return [f"light_{n}" for n in LIGHT] + list(MODELS)
 
 
-def _feeds_for(model: Any, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Inputs for a model's graph inputs: standard normal floats, zeros for integers, symbolic dims 1."""
-    from onnx import helper
-
-    inits = {t.name for t in model.graph.initializer}
-    feeds = {}
-    for v in model.graph.input:
-        if v.name in inits:
-            continue
-        t = v.type.tensor_type
-        shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in t.shape.dim)
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type))
-        feeds[v.name] = (rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else np.zeros(shape, dtype))
-    return feeds
-
-
-def resolve(name: str, workdir: str) -> tuple[str, str, dict[str, np.ndarray]]:
-    """(display name, path of the .onnx file, inputs) for a zoo name, ``light_<name>`` or a path."""
+def resolve(name: str, workdir: str, shapes: dict[str, tuple[int, ...]] | None = None
+            ) -> tuple[str, str, dict[str, np.ndarray]]:
+    """(display name, path of the .onnx file, inputs) for a zoo name, ``light_<name>`` or a path.  The
+    inputs are the zoo model's own, or random (:func:`cuvil.graph.feeds.random_feeds`) of ``shapes``,
+    the declared shapes and 1 for a symbolic dimension left open."""
     import onnx
 
+    from cuvil.cli_onnx import input_shapes
     from cuvil.errors import ArgumentError
+    from cuvil.frontend.onnx import import_model
+    from cuvil.graph.feeds import random_feeds
     from cuvil.zoo import MODELS
 
-    rng = np.random.default_rng(0)
     if name in MODELS:
         m = MODELS[name]
         path = os.path.join(workdir, f"{name}.onnx")
         onnx.save(m.build(), path)
-        return name, path, m.feeds(rng)
-    if name.startswith("light_") and not os.path.exists(name):
+        if not shapes:
+            return name, path, m.feeds(np.random.default_rng(0))
+    elif name.startswith("light_") and not os.path.exists(name):
         path = light_path(name[len("light_"):])
         if not os.path.exists(path):
             raise ArgumentError(f"no light model {name!r} in the onnx wheel; there are: "
@@ -124,8 +118,9 @@ def resolve(name: str, workdir: str) -> tuple[str, str, dict[str, np.ndarray]]:
         if not os.path.exists(path):
             raise ArgumentError(f"{name!r} is neither a model file nor one of the models cuvil bench knows: "
                                 f"{', '.join(default_models())}")
-    model = onnx.load(path, load_external_data=False)
-    return os.path.splitext(os.path.basename(name))[0], path, _feeds_for(model, rng)
+    graph = import_model(path)
+    full, _ = input_shapes(graph.feeds, dict(shapes or {}), symbolic_default=1)
+    return os.path.splitext(os.path.basename(name))[0], path, random_feeds(graph, full)
 
 
 # -- compiling ------------------------------------------------------------------------------------
@@ -210,14 +205,15 @@ def _compare(ours: dict[str, np.ndarray], ref: list[np.ndarray], names: list[str
 
 
 def bench_one(name: str, threads: list[int], cold: bool = True, rounds: int = 5, budget_s: float = 0.3,
-              profile_top: int = 0, tuning_db: str | None = None) -> ModelResult:
+              profile_top: int = 0, tuning_db: str | None = None,
+              shapes: dict[str, tuple[int, ...]] | None = None) -> ModelResult:
     """Measure one model (see the module docstring)."""
     import cuvil
     from cuvil.bench import SETTLE_S, median_time
 
     res = ModelResult(name)
     with tempfile.TemporaryDirectory(prefix="cuvil-bench-") as work:
-        res.name, path, feeds = resolve(name, work)
+        res.name, path, feeds = resolve(name, work, shapes)
         if cold:
             npz = os.path.join(work, "feeds.npz")
             np.savez(npz, **feeds)
@@ -306,7 +302,7 @@ def row(r: ModelResult, threads: list[int]) -> str:
 
 
 def run(models: list[str], threads: list[int], cold: bool = True, rounds: int = 5, profile_top: int = 0,
-        tuning_db: str | None = None) -> int:
+        tuning_db: str | None = None, shapes: dict[str, tuple[int, ...]] | None = None) -> int:
     """Benchmark ``models`` (default: :func:`default_models`) and print one row each; 1 if any failed."""
     import cuvil
     from cuvil.errors import CuvilError
@@ -328,7 +324,8 @@ def run(models: list[str], threads: list[int], cold: bool = True, rounds: int = 
     profiles = []
     for name in models:
         try:
-            r = bench_one(name, threads, cold=cold, rounds=rounds, profile_top=profile_top, tuning_db=tuning_db)
+            r = bench_one(name, threads, cold=cold, rounds=rounds, profile_top=profile_top, tuning_db=tuning_db,
+                          shapes=shapes)
         except (CuvilError, OSError, ValueError) as exc:
             r = ModelResult(name, error=f"{type(exc).__name__}: {exc}")
         failed |= bool(r.error) or not r.ok

@@ -1,86 +1,122 @@
 """The ``cuvil`` command line.
 
-    cuvil compile [model.onnx] [-o model.ll] [--dump]   # ONNX -> one native module (cuvil.cli_onnx)
-    cuvil run model.onnx --input x=x.npy [-o out.npz]
-    cuvil bench [model.onnx | zoo name ...] [--threads 1,2]   # whole models beside onnxruntime
+    cuvil compile [model.onnx] [-o model.so | -o model.ll] [--shapes x=1,3,224,224 mask=1,128] [--dump]
+    cuvil run model.onnx --input x=x.npy [-o out.npz]   # or --random [--shapes ...]; prints each output
+    cuvil bench [model.onnx | zoo name ...] [--threads 1,2] [--shapes ...]   # whole models beside onnxruntime
     cuvil bench --ops [--quick] [--only matmul]         # operators beside numpy (cuvil.bench)
     cuvil bench --registry --torch [names] [--config ci]  # torch eager, Inductor, cuvil.torch beside onnxruntime
     cuvil tune ...                                       # the autotuner (cuvil.autotune.cli)
-    cuvil demo | info
+    cuvil demo | info                                    # auto-scheduled matmul and conv beside numpy and ort
+
+An error is one line on stderr, ``cuvil: error: ...``, and exit status 1 (2: an internal error, a bug);
+``cuvil --traceback <command> ...`` shows Python's traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
+from typing import Any
 
 import numpy as np
 
+from cuvil.errors import CuvilError
 
-def demo(size: int = 512) -> int:
-    """Build a matmul and a conv2d+relu, check them against numpy, print the times."""
+
+def demo(size: int = 512, rounds: int = 3) -> int:
+    """An auto-scheduled matmul and conv2d+relu, checked against numpy and timed beside numpy and
+    onnxruntime (interleaved rounds, all cores; ratio = their time / cuvil's, > 1: cuvil is faster)."""
     import cuvil
-    from cuvil import te
-    from cuvil.bench import median_time
-    from cuvil.te import ops
+    from cuvil.bench import compare
 
-    rng = np.random.default_rng(0)
+    try:
+        import onnxruntime  # type: ignore[import-not-found]  # noqa: F401
+
+        have_ort = True
+    except ImportError:
+        have_ort = False
+    threads = cuvil.get_num_threads()
+    print(f"cuvil {cuvil.__version__}; target: {target_line(cuvil.Target('llvm'))}")
+    print(f"auto_schedule (no tuning, no hand schedule), {threads} thread(s); ratio = their time / cuvil's "
+          f"(> 1: cuvil is faster), medians of {rounds} interleaved rounds"
+          + ("" if have_ort else "; onnxruntime not installed (pip install onnxruntime)"))
+    print(f"{'kernel':<32}{'compile':>9}{'cuvil':>10}{'numpy':>10}{'ratio':>7}{'onnxrt':>10}{'ratio':>7}"
+          f"{'max rel err':>13}")
     ok = True
-    print(f"cuvil {cuvil.__version__} on {cuvil.Target('llvm').canonical}")
-    print(f"{'kernel':<34}{'compile':>10}{'cuvil':>12}{'numpy':>12}{'max rel err':>14}")
-
-    # matmul, default (unscheduled) loops
-    n = size
-    A = te.placeholder((n, n), name="A")
-    B = te.placeholder((n, n), name="B")
-    C = ops.matmul(A, B)
-    t0 = time.perf_counter()
-    f = cuvil.build(te.create_schedule(C), [A, B, C])
-    t_compile = time.perf_counter() - t0
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-    c = np.empty((n, n), np.float32)
-    f(a, b, c)
-    ref = a.astype(np.float64) @ b.astype(np.float64)
-    err = float(np.max(np.abs(c - ref)) / np.max(np.abs(ref)))
-    ok &= err < np.sqrt(n) * 1e-7 * 4
-    t_ours = f.time(a, b, c, number=1, repeat=3)
-    t_np = median_time(lambda: a @ b)
-    print(f"{f'matmul {n}x{n}x{n} (unscheduled)':<34}{t_compile * 1e3:>8.0f}ms"
-          f"{t_ours * 1e3:>10.2f}ms{t_np * 1e3:>10.2f}ms{err:>14.2e}")
-
-    # conv2d + relu
-    N, Cin, H, W, F = 1, 16, 56, 56, 32
-    X = te.placeholder((N, Cin, H, W), name="X")
-    Wt = te.placeholder((F, Cin, 3, 3), name="W")
-    Y = ops.relu(ops.conv2d_nchw(X, Wt, stride=1, padding=1))
-    t0 = time.perf_counter()
-    g = cuvil.build(te.create_schedule(Y), [X, Wt, Y])
-    t_compile = time.perf_counter() - t0
-    x = rng.standard_normal((N, Cin, H, W), dtype=np.float32)
-    w = rng.standard_normal((F, Cin, 3, 3), dtype=np.float32)
-    y = np.empty((N, F, H, W), np.float32)
-    g(x, w, y)
-    yref = _conv_relu_ref(x, w)
-    err = float(np.max(np.abs(y - yref)) / np.max(np.abs(yref)))
-    ok &= err < np.sqrt(Cin * 9) * 1e-7 * 4
-    t_ours = g.time(x, w, y, number=1, repeat=3)
-    t_np = median_time(lambda: _conv_relu_ref(x, w, np.float32))
-    print(f"{f'conv2d {Cin}->{F} 3x3 {H}x{W} + relu':<34}{t_compile * 1e3:>8.0f}ms"
-          f"{t_ours * 1e3:>10.2f}ms{t_np * 1e3:>10.2f}ms{err:>14.2e}")
-    print("results match numpy" if ok else "MISMATCH against numpy")
+    for w in (_demo_matmul(size), _demo_conv_relu()):
+        (c,) = compare(w, [threads], rounds, have_ort)
+        ok &= c.ok
+        numpy_s = f"{c.numpy_s * 1e3:>8.2f}ms{c.numpy_ratio:>7.2f}" if c.numpy_s is not None else f"{'-':>10}{'-':>7}"
+        ort_s = f"{c.ort_s * 1e3:>8.2f}ms{c.ort_ratio:>7.2f}" if c.ort_s is not None else f"{'-':>10}{'-':>7}"
+        print(f"{w.name:<32}{c.compile_s:>8.1f}s{c.cuvil_s * 1e3:>8.2f}ms{numpy_s}{ort_s}{c.max_rel_err or 0:>13.1e}"
+              + "".join(f"  {p}" for p in c.problems))
+    print("results match numpy and onnxruntime" if ok else "MISMATCH (see above)")
     return 0 if ok else 1
 
 
-def _conv_relu_ref(x: np.ndarray, w: np.ndarray, dtype: type = np.float64) -> np.ndarray:
+def target_line(t: Any) -> str:
+    """``x86_64 znver3: AVX2 (8 fp32 lanes, FMA), 16 cores, L2 512 KiB`` (``cuvil info``: all of it)."""
+    isa = ("AVX-512" if t.vector_bits >= 512 else "AVX2" if t.vector_bits == 256 else
+           "NEON" if t.triple.startswith("aarch64") else "SSE")
+    fma = ", FMA" if t.fma_units else ""
+    return (f"{t.arch or t.triple.split('-')[0]} {t.cpu}: {isa} ({t.vector_lanes(32)} fp32 lanes{fma}), "
+            f"{t.num_cores} cores, L2 {t.l2_size // 1024} KiB")
+
+
+def _demo_matmul(n: int) -> Any:
+    from cuvil.bench import Workload, _onnx_model
+
+    def build() -> tuple[list[Any], list[np.ndarray]]:
+        from cuvil import te
+        from cuvil.te import ops
+
+        rng = np.random.default_rng(0)
+        A = te.placeholder((n, n), name="A")
+        B = te.placeholder((n, n), name="B")
+        return [A, B, ops.matmul(A, B)], [rng.standard_normal((n, n), dtype=np.float32),
+                                          rng.standard_normal((n, n), dtype=np.float32)]
+
+    return Workload(f"matmul {n}x{n}x{n}", build, np.matmul, 2.0 * n ** 3,
+                    onnx=lambda xs: _onnx_model("MatMul", xs, (n, n)))
+
+
+def _demo_conv_relu(n: int = 1, c: int = 64, h: int = 56, f: int = 64) -> Any:
+    from cuvil.bench import Workload
+
+    def build() -> tuple[list[Any], list[np.ndarray]]:
+        from cuvil import te
+        from cuvil.te import ops
+
+        rng = np.random.default_rng(0)
+        X = te.placeholder((n, c, h, h), name="X")
+        W = te.placeholder((f, c, 3, 3), name="W")
+        Y = ops.relu(ops.conv2d_nchw(X, W, stride=1, padding=1))
+        return [X, W, Y], [rng.standard_normal((n, c, h, h), dtype=np.float32),
+                           rng.standard_normal((f, c, 3, 3), dtype=np.float32)]
+
+    def model(xs: list[np.ndarray]) -> Any:
+        from onnx import TensorProto, helper
+
+        vi = helper.make_tensor_value_info
+        g = helper.make_graph([helper.make_node("Conv", ["x0", "x1"], ["c"], pads=[1, 1, 1, 1]),
+                               helper.make_node("Relu", ["c"], ["y"])], "conv_relu",
+                              [vi("x0", TensorProto.FLOAT, list(xs[0].shape)), vi("x1", TensorProto.FLOAT,
+                                                                                 list(xs[1].shape))],
+                              [vi("y", TensorProto.FLOAT, [n, f, h, h])])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+    return Workload(f"conv2d {c}->{f} 3x3 {h}x{h} + relu", build, _conv_relu_ref, 2.0 * n * f * h * h * c * 9,
+                    onnx=model)
+
+
+def _conv_relu_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """numpy reference: 3x3 convolution with padding 1 as a sum of shifted matmuls, then relu."""
     n, c, h, wd = x.shape
-    xp = np.pad(x.astype(dtype), ((0, 0), (0, 0), (1, 1), (1, 1)))
-    out = np.zeros((n, w.shape[0], h, wd), dtype)
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((n, w.shape[0], h, wd), x.dtype)
     for dy in range(3):
         for dx in range(3):
-            out += np.einsum("fc,nchw->nfhw", w[:, :, dy, dx].astype(dtype), xp[:, :, dy:dy + h, dx:dx + wd])
+            out += np.einsum("fc,nchw->nfhw", w[:, :, dy, dx], xp[:, :, dy:dy + h, dx:dx + wd])
     return np.maximum(out, 0)
 
 
@@ -103,8 +139,11 @@ def info() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cuvil", description="cuvil: a tensor compiler")
     parser.add_argument("--version", action="store_true", help="print the version")
+    parser.add_argument("--traceback", action="store_true", help="on an error, show Python's traceback instead of "
+                        "the one-line message")
     sub = parser.add_subparsers(dest="cmd")
-    p_demo = sub.add_parser("demo", help="build a matmul and a conv2d+relu, check against numpy, time them")
+    p_demo = sub.add_parser("demo", help="auto-schedule a matmul and a conv2d+relu, check them, time them beside "
+                            "numpy and onnxruntime")
     p_demo.add_argument("--size", type=int, default=512, help="matmul size (default 512)")
     sub.add_parser("info", help="show the host target")
     p_bench = sub.add_parser("bench", help="benchmark whole models beside onnxruntime (--ops: operators beside "
@@ -121,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                          "kernel calls of each (at the first thread count)")
     p_bench.add_argument("--tuning-db", default=None, metavar="DB", help="models: compile with the best schedules "
                          "in this tuning database (cuvil tune) and time the untuned compilation beside it")
+    p_bench.add_argument("--shapes", action="append", nargs="+", default=[], metavar="NAME=D0,D1,...",
+                         help="models: input shapes (symbolic dimensions: 1 without it), e.g. --shapes "
+                         "x=4,3,224,224 mask=4,128")
     p_bench.add_argument("--quick", action="store_true", help="--ops: skip the largest shapes")
     p_bench.add_argument("--only", default=None, help="--ops: only the rows whose name contains this text")
     p_bench.add_argument("--registry", action="store_true", help="the registry of real models (cuvil.registry; "
@@ -138,6 +180,46 @@ def main(argv: list[str] | None = None) -> int:
 
     tune_cli.add_parser(sub)
     args = parser.parse_args(argv)
+    try:
+        return _dispatch(parser, args, tune_cli)
+    except CuvilError as exc:  # the user's mistake or the model's: one line, no traceback
+        if args.traceback:
+            raise
+        return error(str(exc))
+    except OSError as exc:  # a file that cannot be read or written
+        if args.traceback:
+            raise
+        return error(f"{exc.strerror or exc}" + (f": {exc.filename!r}" if exc.filename else ""))
+    except Exception as exc:  # noqa: BLE001  # a bug in cuvil: still one line, and how to see more
+        if args.traceback:
+            raise
+        return error(f"internal error: {type(exc).__name__}: {exc} (a bug in cuvil; cuvil --traceback ... shows "
+                     "where)", code=2)
+
+
+def error(message: str, code: int = 1) -> int:
+    """Print ``cuvil: error: message`` on stderr (further lines of the message indented) and return
+    ``code``."""
+    first, *rest = message.strip().splitlines() or [""]
+    print(f"cuvil: error: {first}", file=sys.stderr)
+    for line in rest:
+        print(f"  {line}", file=sys.stderr)
+    return code
+
+
+def _ints(parser: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        parser.error(f"{flag} {text!r}: write positive integers separated by commas, e.g. {flag} 1,2")
+    return values
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, tune_cli: Any) -> int:
+    from cuvil import cli_onnx
+
     if args.version:
         import cuvil
 
@@ -153,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "info":
         return info()
     if args.cmd == "bench":
-        threads = [int(x) for x in args.threads.split(",")]
+        threads = _ints(parser, "--threads", args.threads)
+        if args.shapes and (args.ops or args.registry):
+            parser.error("--shapes sets the input shapes of model files and cuvil.zoo models, not of --ops or "
+                         "--registry")
         if args.ops:
             from cuvil.bench import run
 
@@ -174,8 +259,9 @@ def main(argv: list[str] | None = None) -> int:
                                        json_path=args.json)
             return bench_registry.run(names, [e for e in args.exporter.split(",") if e], args.config, threads,
                                       rounds=args.rounds, cold=not args.no_cold, json_path=args.json)
+        shapes = cli_onnx.parse_shapes(args.shapes, one=True)
         return bench_model.run(models, threads, cold=not args.no_cold, rounds=args.rounds,
-                               profile_top=args.profile, tuning_db=args.tuning_db)
+                               profile_top=args.profile, tuning_db=args.tuning_db, shapes=shapes or None)
     parser.print_help()
     return 0
 

@@ -20,6 +20,11 @@ class ShapeError(CuvilError, ValueError):
     """A tensor, index or argument has the wrong rank or extent."""
 
 
+class BoundsError(ShapeError, IndexError):
+    """A run-time index (read from data, such as a Gather's) or run-time sizes for which an access would
+    leave its tensor: found by a bounds check before any memory outside the tensor is touched."""
+
+
 class DTypeError(CuvilError, TypeError):
     """Data types that do not fit together, or an unsupported dtype."""
 

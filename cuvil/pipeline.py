@@ -3,10 +3,12 @@
     te program + schedule
       -> check the arguments              (_plan_args)
       -> polyhedral model                 (schedule.model.build_model: isl statements, accesses)
+      -> bounds, proved                   (schedule.bounds: every quasi-affine access inside its tensor)
       -> schedule map                     (the te order for now)
       -> isl AST                          (schedule.astgen.generate_ast)
       -> loop IR                          (schedule.astgen.ast_to_loops, intermediates allocated)
       -> passes                           (ir.simplify, ir.versioning, ir.unroll)
+      -> bounds, checked                  (ir.checks: the other indices, and sizes the proof needs)
       -> LoweredFunc                      (what cuvil.lower returns; print it)
       -> LLVM IR -> O3 -> machine code    (codegen.llvm, inside runtime.Module)
       -> Module                           (callable with numpy arrays)
@@ -21,12 +23,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from cuvil.errors import ArgumentError, ShapeError
+from cuvil.ir.checks import insert_checks
 from cuvil.ir.expr import IterVar, Var
 from cuvil.ir.simplify import simplify
 from cuvil.ir.stmt import Allocate, Buffer, LoweredFunc
 from cuvil.ir.unroll import unroll_loops
 from cuvil.ir.versioning import version_tails
 from cuvil.schedule.astgen import ast_to_loops, generate_ast
+from cuvil.schedule.bounds import prove_bounds
 from cuvil.schedule.legality import check_program
 from cuvil.schedule.model import PolyModel, build_model, isl_budget
 from cuvil.schedule.schedule import Schedule, Stage
@@ -95,8 +99,12 @@ def _size_vars(model: PolyModel, plan: ArgPlan) -> tuple[Var, ...]:
     return tuple(model.params) + tuple(extra)
 
 
-def lower(s: Schedule, args: Sequence[Any], name: str = "main") -> LoweredFunc:
-    """The loop IR of schedule ``s`` with arguments ``args``; ``str()`` of it is a C-like nest."""
+def lower(s: Schedule, args: Sequence[Any], name: str = "main", bounds_checks: bool = True) -> LoweredFunc:
+    """The loop IR of schedule ``s`` with arguments ``args``; ``str()`` of it is a C-like nest.
+
+    Every quasi-affine access is proved inside its tensor (an access that leaves it is a ShapeError);
+    the other indices, and the sizes for which the proof needs a condition, are checked at run time
+    unless ``bounds_checks`` is False (:mod:`cuvil.ir.checks`)."""
     if not isinstance(s, Schedule):
         raise ArgumentError(f"cuvil.lower needs a schedule (te.create_schedule(...)), got {type(s).__name__}")
     plan = _plan_args(s, args)
@@ -105,6 +113,7 @@ def lower(s: Schedule, args: Sequence[Any], name: str = "main") -> LoweredFunc:
     with isl_budget(f"lowering {name}"):
         model = build_model(s)
         size_vars = _size_vars(model, plan)
+    entry = prove_bounds(plan.params, name)
     buffers: dict[int, Buffer] = {}
 
     def buffer_of(t: Tensor | Stage) -> Buffer:
@@ -126,12 +135,13 @@ def lower(s: Schedule, args: Sequence[Any], name: str = "main") -> LoweredFunc:
         if id(st) not in placed:
             body = Allocate(buffer_of(st), body)
     func = LoweredFunc(name, params, body, size_vars, tuple(buffer_of(st) for st in plan.outputs))
-    return unroll_loops(simplify(version_tails(simplify(func))))
+    return insert_checks(unroll_loops(simplify(version_tails(simplify(func)))), entry, bounds_checks)
 
 
 def build(s: Schedule, args: Sequence[Any], target: Any = "llvm", name: str = "main",
-          tuning_db: Any = None) -> Any:
-    """Compile schedule ``s`` into a callable module for ``target``."""
+          tuning_db: Any = None, bounds_checks: bool = True) -> Any:
+    """Compile schedule ``s`` into a callable module for ``target``; ``bounds_checks=False`` leaves out
+    the run-time bounds checks (indices read from memory; the proof's conditions on sizes)."""
     from cuvil.runtime.module import Module
     from cuvil.target import Target
 
@@ -139,7 +149,7 @@ def build(s: Schedule, args: Sequence[Any], target: Any = "llvm", name: str = "m
         from cuvil.autotune.replay import apply_best
 
         s = apply_best(s, args, target, tuning_db)
-    func = lower(s, args, name=name)
+    func = lower(s, args, name=name, bounds_checks=bounds_checks)
     tgt = target if isinstance(target, Target) else Target(target)
     if tgt.kind == "cuda":  # CUDA C -> NVRTC -> PTX (cuvil.codegen.cuda)
         from cuvil.runtime.cuda import CudaModule

@@ -87,7 +87,7 @@ def test_header_documents_the_interface(resnet):
     # only prefixed symbols (and the loader's index) are exported
     defined = {line.split()[2] for line in nm.splitlines() if len(line.split()) == 3 and line.split()[1] == "T"}
     assert defined == {"model_run", "model_run_array", "model_workspace_size", "model_set_num_threads",
-                       "model_meta", "cuvil_module_meta"}
+                       "model_meta", "model_last_error", "cuvil_module_meta"}
 
 
 def test_load_needs_neither_islpy_nor_llvmlite(resnet, tmp_path):

@@ -135,7 +135,7 @@ def test_header_names_the_sizes(exported):
     nm = subprocess.run(["nm", "-D", str(lib)], capture_output=True, text=True, check=True).stdout
     defined = {line.split()[2] for line in nm.splitlines() if len(line.split()) == 3 and line.split()[1] == "T"}
     assert defined == {"model_run", "model_run_array", "model_workspace_size", "model_set_num_threads",
-                       "model_meta", "cuvil_module_meta"}
+                       "model_meta", "model_last_error", "cuvil_module_meta"}
     meta = load(lib).meta
     assert meta["abi"] == 2 and [s["sizes"] for s in meta["signatures"]] == [[1], [4]]
 

@@ -184,3 +184,157 @@ def test_external_data_model_loads(tmp_path):
     x = rng.standard_normal((2, 64)).astype(np.float32)
     (y,) = connx.InferenceSession(str(path)).run(None, {"x": x})
     np.testing.assert_allclose(y, x @ w, rtol=1e-4, atol=1e-5)
+
+
+# -- issue 17: SessionOptions, get_modelmeta, get_providers, run(outputs=), the errors exported ---------------
+
+
+def _conv_bn_relu():
+    """Conv -> BatchNormalization -> Relu -> Identity -> two outputs: what the optimisation levels differ on."""
+    rng = np.random.default_rng(1)
+    arr = onnx.numpy_helper.from_array
+    inits = [arr(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+             arr(rng.standard_normal(4).astype(np.float32), "scale"), arr(rng.standard_normal(4).astype(np.float32), "bias"),
+             arr(rng.standard_normal(4).astype(np.float32), "mean"), arr(rng.random(4).astype(np.float32) + 0.5, "var")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["bn"]),
+             helper.make_node("Relu", ["bn"], ["r"]), helper.make_node("Identity", ["r"], ["y"]),
+             helper.make_node("ReduceSum", ["r"], ["s"], keepdims=0)]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8]),
+                   helper.make_tensor_value_info("s", TensorProto.FLOAT, [])], inits)
+
+
+def test_errors_are_importable_from_cuvil_onnx():
+    for name in ("CuvilError", "ModelError", "ShapeError", "DTypeError", "UnsupportedOpError", "ArgumentError",
+                 "TargetError", "ScheduleError", "IslBudgetError"):
+        assert getattr(connx, name) is getattr(cuvil, name)
+    assert connx.ModelError is ModelError and issubclass(connx.ModelError, connx.CuvilError)
+
+
+@pytest.mark.parametrize("level", ["ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL"])
+def test_graph_optimization_levels_agree_with_onnxruntime(level):
+    m = _conv_bn_relu()
+    x = np.random.default_rng(2).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    ref = _ort(m, {"x": x})
+    for opts in (connx.SessionOptions(), ort.SessionOptions()):  # onnxruntime's own options are read too
+        opts.graph_optimization_level = getattr(type(opts.graph_optimization_level), level, None) or \
+            getattr(connx.GraphOptimizationLevel, level)
+        s = connx.InferenceSession(m, opts)
+        for got, want in zip(s.run(None, {"x": x}), ref):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        (prog,) = s._cache.values()
+        ops = {label.split(" ")[0] for label in prog.labels}
+        if level == "ORT_DISABLE_ALL":
+            assert "BatchNormalization" in ops and not any("+" in o for o in ops), ops  # no folding, no fusion
+        elif level == "ORT_ENABLE_BASIC":
+            assert "BatchNormalization" not in ops and not any("+" in o for o in ops), ops
+        else:
+            assert any("+" in o for o in ops), ops  # fused: Conv+Relu
+
+
+def test_session_options_threads_and_mistakes():
+    opts = connx.SessionOptions()
+    opts.intra_op_num_threads = 1
+    assert connx.InferenceSession(_mlp(), opts).num_threads == 1
+    assert connx.InferenceSession(_mlp(), opts, num_threads=1).num_threads == 1
+    with pytest.raises(cuvil.ArgumentError, match="disagree"):
+        connx.InferenceSession(_mlp(), opts, num_threads=2)
+    assert connx.InferenceSession(_mlp(), connx.SessionOptions()).num_threads is None
+    with pytest.raises(AttributeError):
+        opts.intra_op_threads = 2  # a misspelt field is not silently ignored
+    opts.graph_optimization_level = 7
+    with pytest.raises(cuvil.ArgumentError, match="graph_optimization_level 7"):
+        connx.InferenceSession(_mlp(), opts)
+    s = connx.InferenceSession(_mlp(), num_threads=1)
+    assert s.get_session_options().intra_op_num_threads == 1
+
+
+def test_profiling_records_each_run_and_kernel_call(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    opts = connx.SessionOptions()
+    opts.enable_profiling = True
+    opts.profile_file_prefix = "prof"
+    m = _conv_bn_relu()
+    s = connx.InferenceSession(m, opts)
+    x = np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    for _ in range(2):
+        for got, want in zip(s.run(None, {"x": x}), _ort(m, {"x": x})):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    path = s.end_profiling()
+    assert path.startswith("prof_") and path.endswith(".json")
+    events = json.loads((tmp_path / path).read_text())
+    (prog,) = s._cache.values()
+    runs = [e for e in events if e["cat"] == "Session"]
+    calls = [e for e in events if e["cat"] == "Node"]
+    assert len(runs) == 2 and len(calls) == 2 * prog.n_calls
+    assert all(e["ph"] == "X" and e["dur"] >= 0 and e["name"].endswith("_kernel_time") for e in calls)
+    assert {e["args"]["op_name"] for e in calls} == {label.split(" ")[0] for label in prog.labels}
+    assert runs[0]["ts"] <= calls[0]["ts"] and calls[0]["ts"] + calls[0]["dur"] <= runs[0]["ts"] + runs[0]["dur"] + 1
+    assert s.end_profiling() == ""  # profiling ended; a session without it returns "" as onnxruntime does
+    assert connx.InferenceSession(m).end_profiling() == ""
+
+
+def test_modelmeta_and_providers():
+    m = _mlp()
+    m.producer_name, m.domain, m.model_version, m.doc_string = "pytorch", "ai.example", 7, "an mlp"
+    m.graph.doc_string = "its graph"
+    onnx.helper.set_model_props(m, {"author": "me", "license": "MIT"})
+    s = connx.InferenceSession(m)
+    meta = s.get_modelmeta()
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).get_modelmeta()
+    for field in ("producer_name", "graph_name", "domain", "description", "graph_description", "version",
+                  "custom_metadata_map"):
+        assert getattr(meta, field) == getattr(want, field), field
+    assert meta.custom_metadata_map == {"author": "me", "license": "MIT"} and meta.graph_name == "g"
+    assert s.get_providers() == ["CPUExecutionProvider"]
+    assert s.get_provider_options()["CPUExecutionProvider"]["target"] == cuvil.Target("llvm").canonical
+
+
+def test_run_into_caller_owned_outputs():
+    m = _conv_bn_relu()
+    s = connx.InferenceSession(m)
+    x = np.random.default_rng(5).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    ref = s.run(None, {"x": x})
+    y, total = np.full((1, 4, 8, 8), np.nan, np.float32), np.full((), np.nan, np.float32)
+    got = s.run(None, {"x": x}, outputs=[y, total])
+    assert got[0] is y and got[1] is total
+    np.testing.assert_array_equal(y, ref[0])
+    np.testing.assert_array_equal(total, ref[1])
+    y2 = np.zeros_like(y)
+    (only,) = s.run(["y"], {"x": x}, outputs={"y": y2})
+    assert only is y2 and np.array_equal(y2, ref[0])
+    got = s.run(None, {"x": x}, outputs={"s": total})  # some outputs in the caller's buffers, the rest new
+    assert got[1] is total and np.array_equal(got[0], ref[0])
+
+
+@pytest.mark.parametrize("bad,err,text", [
+    ([np.zeros((1, 4, 8, 7), np.float32), np.zeros((), np.float32)], cuvil.ShapeError, "has shape [1, 4, 8, 8]"),
+    ([np.zeros((1, 4, 8, 8), np.float64), np.zeros((), np.float32)], cuvil.DTypeError, "is float32, the buffer is "
+                                                                                        "float64"),
+    ([np.zeros((1, 4, 8, 16), np.float32)[..., ::2], np.zeros((), np.float32)], cuvil.ArgumentError,
+     "C-contiguous"),
+    ([np.zeros((1, 4, 8, 8), np.float32)], cuvil.ArgumentError, "1 buffer(s) for 2 output(s)"),
+    ({"z": np.zeros(3, np.float32)}, cuvil.ArgumentError, "names 'z'"),
+    ("y", cuvil.ArgumentError, "must be a list"),
+])
+def test_caller_owned_outputs_that_do_not_fit(bad, err, text):
+    s = connx.InferenceSession(_conv_bn_relu())
+    x = np.zeros((1, 3, 8, 8), np.float32)
+    with pytest.raises(err) as info:
+        s.run(None, {"x": x}, outputs=bad)
+    assert text in str(info.value)
+
+
+def test_caller_owned_outputs_must_be_writeable_and_apart():
+    s = connx.InferenceSession(_mlp())
+    x = np.ones((2, 8), np.float32)
+    ro = np.zeros((2, 4), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(cuvil.ArgumentError, match="writeable"):
+        s.run(None, {"x": x}, outputs=[ro])
+    big = np.zeros(16, np.float32)
+    with pytest.raises(cuvil.ArgumentError, match="shares memory with input 'x'"):
+        s.run(None, {"x": big.reshape(2, 8)}, outputs=[big[:8].reshape(2, 4)])

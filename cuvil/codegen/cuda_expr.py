@@ -20,7 +20,7 @@ from typing import Any
 
 from cuvil import dtype as dt
 from cuvil.codegen.llvm_expr import InternalError
-from cuvil.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
+from cuvil.ir.expr import INDEX_CHECK, Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 
 C_TYPES = {
     "bool": "bool", "int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
@@ -215,6 +215,10 @@ class CExpr:
         raise InternalError(f"internal error in CUDA codegen: operator {e.op!r} on {t}")
 
     def call(self, e: Call) -> str:
+        if e.name == INDEX_CHECK:  # no bounds checks on the GPU yet: the index itself (negatives from the end)
+            from cuvil.ir.checks import unchecked
+
+            return self.expr(unchecked(e))
         args = [self.expr(a) for a in e.args]
         t = e.args[0].dtype
         if not dt.is_float(t):

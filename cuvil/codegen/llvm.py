@@ -9,8 +9,16 @@ functions::
 ``<name>`` unpacks ``args[i]`` (the data pointer of the i-th Buffer param) and
 ``sizes[j]`` (the value of ``size_vars[j]``) and calls the body, whose pointer
 parameters are ``noalias`` (the runtime guarantees outputs overlap nothing);
-O3 inlines it and keeps the aliasing facts.  It returns 0, or 1 when a heap
-allocation failed.
+O3 inlines it and keeps the aliasing facts.  It returns 0, 1 when a heap
+allocation failed, or 4 when a bounds check failed (:mod:`cuvil.ir.checks`).
+``int32_t <name>_checked(void **args, int64_t *sizes, int64_t err[3])`` is the
+same call that also says which check failed: ``err[0]`` its site
+(``func.checks[site - 1]``), ``err[1]`` the index value; ``err`` must hold
+zeros before the call (a failing check fills it once, the first one wins).
+
+A bounds check is one compare where the index is computed and a branch to a
+cold block that fills ``err``, frees the heap buffers allocated so far and
+returns 4: the kernel stops there and never reads or writes out of bounds.
 
 Stages, each a plain function whose result can be printed:
 ``codegen_llvm(func, target)`` (unoptimised IR text) -> ``optimize(text,
@@ -35,6 +43,8 @@ from cuvil.ir.expr import Const, Expr, Var
 from cuvil.ir.stmt import Allocate, Block, Buffer, For, If, LetStmt, LoweredFunc, Stmt, Store
 from cuvil.target import Target, llvm_binding
 
+BOUNDS_STATUS = 4  # the status of a failed bounds check
+ERR = Var("ptr", "err")  # the error record (int64_t[3]) in a function's environment, captured by parallel loops
 STACK_LIMIT = 64 * 1024  # Allocate buffers of constant size up to this many bytes live on the stack
 _LOOP_MD = {
     "serial": (),
@@ -87,6 +97,8 @@ class _FuncEmitter(VectorLoops, ParallelLoops, ExprEmitter):
         self.stack_limit = STACK_LIMIT
         self.in_parallel = False
         self.n_parallel = 0
+        self.heaps: list[ir.Value] = []  # heap buffers allocated at this point (a failed check frees them)
+        self.exits: dict[tuple, ir.Block] = {}
 
     def emit(self) -> None:
         f = self.func
@@ -94,7 +106,7 @@ class _FuncEmitter(VectorLoops, ParallelLoops, ExprEmitter):
         for p in f.params:
             if isinstance(p, Var) and not any(p is v for v in f.size_vars):
                 raise InternalError(f"internal error in LLVM codegen: Var param {p.name!r} is not in size_vars")
-        body_ty = ir.FunctionType(I32, [PTR] * len(bufs) + [reg_type(v.dtype) for v in f.size_vars])
+        body_ty = ir.FunctionType(I32, [PTR] * len(bufs) + [reg_type(v.dtype) for v in f.size_vars] + [PTR])
         body_fn = ir.Function(self.module, body_ty, f"{f.name}.body")
         body_fn.linkage = "internal"
         body_fn.attributes.add("nounwind")
@@ -104,25 +116,69 @@ class _FuncEmitter(VectorLoops, ParallelLoops, ExprEmitter):
         for arg, v in zip(body_fn.args[len(bufs):], f.size_vars):
             arg.name = v.name
             self.env[v] = arg
+        body_fn.args[-1].name = "err"
+        body_fn.args[-1].add_attribute("noalias")
+        self.env[ERR] = body_fn.args[-1]
         self.entry = body_fn.append_basic_block("entry")
         self.builder = ir.IRBuilder(self.entry)
         for arg, buf in zip(body_fn.args, bufs):
             self.buffers[buf] = (arg, [self.dim(d) for d in buf.shape])
         self.fail_bb = body_fn.append_basic_block("out_of_memory")
         self.num_threads_global()
+        for cond, site in f.entry_checks:  # sizes under which an affine access would leave its tensor
+            self.fail_unless(self.builder.not_(self.expr(cond)), site, ir.Constant(I64, 0))
         self.stmt(f.body)
         self.builder.ret(ir.Constant(I32, 0))
         ir.IRBuilder(self.fail_bb).ret(ir.Constant(I32, 1))
-        self.emit_entry_point(body_fn, bufs)
+        self.emit_entry_point(body_fn, bufs, checked=False)
+        self.emit_entry_point(body_fn, bufs, checked=True)
 
-    def emit_entry_point(self, body_fn: ir.Function, bufs: list[Buffer]) -> None:
+    # -- bounds checks ------------------------------------------------------------
+    def fail_unless(self, ok: ir.Value, site: int, value: ir.Value) -> None:
+        """Go on where ``ok``; else record (``site``, ``value``) in the error record and stop (status 4)."""
+        b = self.builder
+        fn = b.function
+        fail, cont = fn.append_basic_block(f"check{site}.fail"), fn.append_basic_block(f"check{site}.ok")
+        br = b.cbranch(ok, cont, fail)
+        br.set_weights([1 << 20, 1])
+        b.position_at_end(fail)
+        err = self.env[ERR]
+        pair = b.cmpxchg(err, ir.Constant(I64, 0), ir.Constant(I64, site), "monotonic", "monotonic")
+        with b.if_then(b.extract_value(pair, 1)):  # the first failing check (of any thread) says what failed
+            b.store(value, b.gep(err, [ir.Constant(I64, 1)], inbounds=True, source_etype=I64))
+        b.branch(self.bounds_exit())
+        b.position_at_end(cont)
+
+    def bounds_exit(self) -> ir.Block:
+        """The block that frees the heap buffers live here and returns status 4 (one per scope)."""
+        fn = self.builder.function
+        key = (id(fn), tuple(id(h) for h in self.heaps))
+        if key not in self.exits:
+            bb = fn.append_basic_block("bounds_error")
+            eb = ir.IRBuilder(bb)
+            for h in reversed(self.heaps):
+                eb.call(self.libc("free", ir.VoidType(), [PTR]), [h])
+            eb.ret(ir.Constant(I32, BOUNDS_STATUS))
+            self.exits[key] = bb
+        return self.exits[key]
+
+    def emit_entry_point(self, body_fn: ir.Function, bufs: list[Buffer], checked: bool) -> None:
+        """``int32_t name(void **args, int64_t *sizes)``, or with ``checked`` ``name_checked(..., int64_t *err)``."""
         f = self.func
-        fn = ir.Function(self.module, ir.FunctionType(I32, [PTR, PTR]), f.name)
+        fn = ir.Function(self.module, ir.FunctionType(I32, [PTR] * (3 if checked else 2)),
+                         f"{f.name}_checked" if checked else f.name)
         fn.attributes.add("nounwind")
         fn.args[0].name, fn.args[1].name = "args", "sizes"
         for a in fn.args:
             a.add_attribute("noalias")
         b = ir.IRBuilder(fn.append_basic_block("entry"))
+        if checked:
+            fn.args[2].name = "err"
+            err = fn.args[2]
+        else:  # nobody reads which check failed: a record of the call's own
+            err = b.alloca(ir.ArrayType(I64, 3), name="err")
+            err.type = PTR
+            b.store(ir.Constant(ir.ArrayType(I64, 3), [0, 0, 0]), err)
         vals = []
         for i, buf in enumerate(bufs):
             slot = b.gep(fn.args[0], [ir.Constant(I64, i)], inbounds=True, source_etype=PTR)
@@ -131,7 +187,7 @@ class _FuncEmitter(VectorLoops, ParallelLoops, ExprEmitter):
             slot = b.gep(fn.args[1], [ir.Constant(I64, j)], inbounds=True, source_etype=I64)
             x = b.load(slot, name=v.name, typ=I64)
             vals.append(self.cast_size(b, x, v.dtype))
-        b.ret(b.call(body_fn, vals))
+        b.ret(b.call(body_fn, vals + [err]))
 
     @staticmethod
     def cast_size(b: ir.IRBuilder, x: ir.Value, dtype: str) -> ir.Value:
@@ -283,9 +339,12 @@ class _FuncEmitter(VectorLoops, ParallelLoops, ExprEmitter):
             b.cbranch(b.icmp_unsigned("==", ptr, ir.Constant(PTR, None)), self.fail_bb, ok)
             b.position_at_end(ok)
         self.buffers[buf] = (ptr, dims)
+        if heap is not None:
+            self.heaps.append(heap)
         emit_body()
         del self.buffers[buf]
         if heap is not None:
+            self.heaps.pop()
             b.call(self.libc("free", ir.VoidType(), [PTR]), [heap])
 
     def libc(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:

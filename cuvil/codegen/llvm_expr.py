@@ -22,7 +22,21 @@ from llvmlite import ir
 from cuvil import dtype as dt
 from cuvil.codegen import vecmath
 from cuvil.errors import CuvilError
-from cuvil.ir.expr import Binary, Call, Cast, Const, Expr, Load, Reduce, Select, TensorRead, Unary, Var
+from cuvil.ir.expr import (
+    INDEX_CHECK,
+    Binary,
+    Call,
+    Cast,
+    Const,
+    Expr,
+    Load,
+    Reduce,
+    Select,
+    TensorRead,
+    Unary,
+    Var,
+    index_check_parts,
+)
 from cuvil.ir.functor import walk
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -82,9 +96,9 @@ def _unsigned(dtype: str) -> bool:
 
 
 def needs_branch(e: Expr) -> bool:
-    """True if evaluating ``e`` speculatively could read memory or divide."""
+    """True if evaluating ``e`` speculatively could read memory, divide or fail a bounds check."""
     for n in walk(e):
-        if isinstance(n, Load):
+        if isinstance(n, Load) or (isinstance(n, Call) and n.name == INDEX_CHECK):
             return True
         if isinstance(n, Binary) and n.op in ("floordiv", "floormod") and not dt.is_float(n.dtype):
             return True
@@ -369,7 +383,25 @@ class ExprEmitter:
         return self.builder.call(fn, [arg])
 
     def call(self, e: Call) -> ir.Value:
+        if e.name == INDEX_CHECK:
+            return self.index_check(e)
         return self.math(e, [self.expr(a) for a in e.args])
+
+    def index_check(self, e: Call) -> ir.Value:
+        """The checked index (cuvil.ir.checks): one unsigned compare (``-n <= v < n`` is ``v + n < 2n``),
+        a cold branch to the error exit, and with ``wrap`` a negative index counted from the end."""
+        v, n, wrap, _tag, site = index_check_parts(e)  # type: ignore[misc]
+        b = self.builder
+        x = self.to_i64(self.expr(v), v.dtype)
+        ext = self.to_i64(self.expr(n), n.dtype)
+        if wrap:
+            ok = b.icmp_unsigned("<", b.add(x, ext), b.shl(ext, ir.Constant(I64, 1)))
+        else:
+            ok = b.icmp_unsigned("<", x, ext)
+        self.fail_unless(ok, site, x)  # type: ignore[attr-defined]
+        if wrap:
+            return b.select(b.icmp_signed("<", x, ir.Constant(I64, 0)), b.add(x, ext), x)
+        return x
 
     def math(self, e: Call, args: list[ir.Value]) -> ir.Value:
         """The math function ``e.name`` applied to the already evaluated (scalar or vector) ``args``."""

@@ -8,11 +8,11 @@ into two internal functions and launched with libgomp's ``GOMP_parallel``::
                 <every variable in scope> }            ; a struct on the stack
     next = 0
     GOMP_parallel(@name.par0, &closure, @name.num_threads, 0)
-    if (status != 0) return 1                          ; a worker's malloc failed
+    if (status != 0) return status                     ; 1: a worker's malloc failed, 4: a bounds check
 
     void name.par0(ptr closure)                        ; run by every thread of the team
       n = omp_get_num_threads(); grain = max(1, E / (4 * n))
-      if (name.par0.chunk(<closure fields>, next*, grain, E) != 0) atomic store 1 -> *status
+      if ((rc = name.par0.chunk(<closure fields>, next*, grain, E)) != 0) atomic max rc -> *status
 
     i32 name.par0.chunk(ptr noalias A, ..., ptr next, i64 grain, i64 E)
       <per-thread Allocates>                           ; see below
@@ -75,6 +75,8 @@ class ParallelLoops:
     in_parallel: bool
     stack_limit: int
     n_parallel: int
+    heaps: list[ir.Value]
+    bounds_exit: Any
 
     cast: Any
 
@@ -135,8 +137,11 @@ class ParallelLoops:
         b.position_at_end(run_bb)
         gomp = self.libc("GOMP_parallel", ir.VoidType(), [PTR, PTR, I32, I32])
         b.call(gomp, [worker, closure, b.load(self.num_threads_global(), typ=I32), ir.Constant(I32, 0)])
-        ok_bb = b.append_basic_block(f"par{idx}.ok")
-        b.cbranch(b.icmp_signed("!=", b.load(status, typ=I32), ir.Constant(I32, 0)), self.fail_bb, ok_bb)
+        ok_bb, bad_bb = b.append_basic_block(f"par{idx}.ok"), b.append_basic_block(f"par{idx}.failed")
+        rc = b.load(status, typ=I32)
+        b.cbranch(b.icmp_signed("!=", rc, ir.Constant(I32, 0)), bad_bb, ok_bb)
+        b.position_at_end(bad_bb)
+        b.cbranch(b.icmp_signed("==", rc, ir.Constant(I32, 4)), self.bounds_exit(), self.fail_bb)
         b.position_at_end(ok_bb)
         b.branch(after_bb)
         b.position_at_end(after_bb)
@@ -154,8 +159,8 @@ class ParallelLoops:
         grain = b.sdiv(ext, b.mul(nth, ir.Constant(I64, GRAINS_PER_THREAD)))
         grain = b.select(b.icmp_signed("<", grain, ir.Constant(I64, 1)), ir.Constant(I64, 1), grain)
         rc = b.call(chunk_fn, [vals[2], *vals[4:], nxt, grain, ext])
-        with b.if_then(b.icmp_signed("!=", rc, ir.Constant(I32, 0))):
-            b.atomic_rmw("or", status, ir.Constant(I32, 1), "monotonic")
+        with b.if_then(b.icmp_signed("!=", rc, ir.Constant(I32, 0))):  # 1 out of memory, 4 a bounds check
+            b.atomic_rmw("max", status, rc, "monotonic")
         b.ret_void()
         return fn
 
@@ -171,13 +176,14 @@ class ParallelLoops:
         fn.attributes.add("nounwind")
         args = list(fn.args)
         saved = (self.builder, self.entry, self.fail_bb, self.env, self.buffers, self.in_parallel,
-                 self.stack_limit)
+                 self.stack_limit, self.heaps)
         try:
             self.entry = fn.append_basic_block("entry")
             self.builder = ir.IRBuilder(self.entry)
             self.fail_bb = fn.append_basic_block("out_of_memory")
             ir.IRBuilder(self.fail_bb).ret(ir.Constant(I32, 1))
             self.in_parallel = True
+            self.heaps = []
             self.stack_limit = min(self.stack_limit, PARALLEL_STACK_LIMIT)
             lo = args[0]
             pos = 1
@@ -227,7 +233,7 @@ class ParallelLoops:
             self.builder.ret(ir.Constant(I32, 0))
         finally:
             (self.builder, self.entry, self.fail_bb, self.env, self.buffers, self.in_parallel,
-             self.stack_limit) = saved
+             self.stack_limit, self.heaps) = saved
         return fn
 
     def _grains(self, name: str, nxt: ir.Value, grain: ir.Value, ext: ir.Value, body: Any) -> None:

@@ -54,7 +54,7 @@ from llvmlite import ir
 
 from cuvil import dtype as dt
 from cuvil.codegen.llvm_expr import I32, I64, InternalError, mem_type, reg_type
-from cuvil.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
+from cuvil.ir.expr import INDEX_CHECK, Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from cuvil.ir.functor import children, structural_equal, walk
 from cuvil.ir.stmt import Block, For, If, LetStmt, Stmt, Store
 
@@ -109,7 +109,8 @@ def uses(e: Expr, var: Var) -> bool:
 
 
 def _reads_memory(e: Expr) -> bool:
-    return any(isinstance(n, Load) for n in walk(e))
+    """True if ``e`` reads memory or checks an index (neither may run for a lane the select does not choose)."""
+    return any(isinstance(n, Load) or (isinstance(n, Call) and n.name == INDEX_CHECK) for n in walk(e))
 
 
 def _elem_bits(s: Stmt) -> int:
@@ -395,6 +396,8 @@ class VectorLoops:
             return Lanes(self.binary(e.op, self.vec(x), self.vec(y), e.a.dtype), None)
         if isinstance(e, Unary):
             return Lanes(self.unary(e.op, self.vec(self.vexpr(e.a)), e.dtype), None)
+        if isinstance(e, Call) and e.name == INDEX_CHECK:
+            return self._per_lane(e)  # an index that varies across lanes: checked lane by lane, like a gather
         if isinstance(e, Call):
             return Lanes(self.math(e, [self.vec(self.vexpr(a)) for a in e.args]), None)
         if isinstance(e, Select):
@@ -471,6 +474,8 @@ class VectorLoops:
             return None
         if not e.indices:  # a 0-d buffer: one value for every lane, always there to read
             return self.vec(self.vexpr(e))
+        if any(isinstance(n, Call) and n.name == INDEX_CHECK for i in e.indices for n in walk(i)):
+            return None  # a checked index must not be computed for a lane the select does not choose
         b = self.builder
         ptr, flat = self._vflat(e.buffer, e.indices)
         if flat.stride != 1:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.errors import CuvilError, IslBudgetError, ModelError, UnsupportedOpError
+from cuvil.errors import BoundsError, CuvilError, IslBudgetError, ModelError, UnsupportedOpError
 from cuvil.graph import kernel_cache
 from cuvil.graph.compiled import CompiledGraph, Slot, contiguous, link, temp_bytes
 from cuvil.graph.ir import Graph, Node
@@ -80,16 +80,17 @@ def prepare(graph: Graph, dump: Any = None) -> Graph:
 
 def compile_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray],
                   target: Any = "llvm", progress: Any = None, fuse: bool = True, tuning_db: Any = None,
-                  on_kernel: Any = None) -> CompiledGraph:
+                  on_kernel: Any = None, bounds_checks: bool = True) -> CompiledGraph:
     """Steps 3-6 on a prepared graph.  With ``fuse``, each fusion group is one kernel; otherwise each
     node is.  ``progress(done, total, node)`` is called per group; ``on_kernel(key, args, label)`` per
-    kernel call.  Raises ``NeedsValue`` when a builder needs a fed input's value."""
+    kernel call.  ``bounds_checks=False`` leaves out the run-time bounds checks (of indices read from
+    inputs: a Gather's).  Raises ``NeedsValue`` when a builder needs a fed input's value."""
     from cuvil.graph.fuse import Group, fusion_groups
     from cuvil.graph.memplan import lifetimes, plan_memory
     from cuvil.target import Target
 
     check_supported(graph)
-    c = _GraphCompiler(graph, shapes, known, Target(target), tuning_db, on_kernel)
+    c = _GraphCompiler(graph, shapes, known, Target(target), tuning_db, on_kernel, bounds_checks)
     groups = fusion_groups(graph) if fuse else tuple(Group((k,)) for k in range(len(graph.nodes)))  # 3.
     done = 0
     for grp in groups:  # 4.
@@ -103,7 +104,8 @@ def compile_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Ma
     outputs = c.outputs()
     kernels, calls, module = link(c.calls, c.target)  # 5.
     memory = plan_memory(lifetimes([((), args) for _, args in c.calls], temp_bytes(c.slots, outputs)))  # 6.
-    return CompiledGraph(c.slots, kernels, calls, module, memory, outputs, c.target, c.labels, tuple(c.fallbacks))
+    return CompiledGraph(c.slots, kernels, calls, module, memory, outputs, c.target, c.labels, tuple(c.fallbacks),
+                         c.call_nodes)
 
 
 def check_supported(graph: Graph) -> None:
@@ -184,8 +186,8 @@ def _node_key(ctx: NodeCtx, target: str) -> tuple:
     return (target, n.op_type, ctx.opset, attrs, spec, values, len(n.outputs)) + ((ctx.variant,) if ctx.variant else ())
 
 
-def lower_kernel(what: str, args: list[Any], placeholders: list[Any], target: Any, tuning_db: Any = None
-                 ) -> tuple[Any, str | None]:
+def lower_kernel(what: str, args: list[Any], placeholders: list[Any], target: Any, tuning_db: Any = None,
+                 bounds_checks: bool = True) -> tuple[Any, str | None]:
     """The loop IR of one kernel (``what`` names its node or fused nodes in errors), and why it took a
     plainer schedule than the automatic one (None when it did not): the te order, or the strategies the
     automatic scheduler lost (its schedule's ``fallbacks``, already logged; alternatives it searched
@@ -204,13 +206,13 @@ def lower_kernel(what: str, args: list[Any], placeholders: list[Any], target: An
                     from cuvil.autotune.replay import apply_best
 
                     s = apply_best(s, args, target, tuning_db)  # a replayed record: a fresh schedule
-            func = cuvil.lower(s, args, name="k")
+            func = cuvil.lower(s, args, name="k", bounds_checks=bounds_checks)
             lost = [str(f) for f in getattr(s, "fallbacks", ()) if f.loss]
             return func, (f"its automatic schedule fell back: {'; '.join(lost)}" if lost else None)
         except (ScheduleError, IslBudgetError) as exc:
             why = f"its automatic schedule failed ({first_line(exc)}); compiled in the te order"
             log.warning("%s: %s", what, why)
-            return cuvil.lower(te.create_schedule(outputs), args, name="k"), why
+            return cuvil.lower(te.create_schedule(outputs), args, name="k", bounds_checks=bounds_checks), why
     except CuvilError as exc:
         raise type(exc)(f"{what}: {exc}") from None
     except Exception as exc:
@@ -247,14 +249,16 @@ class _GraphCompiler:
     the kernel calls in run order, and the fallbacks taken."""
 
     def __init__(self, graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray],
-                 target: Any, tuning_db: Any = None, on_kernel: Any = None):
+                 target: Any, tuning_db: Any = None, on_kernel: Any = None, bounds_checks: bool = True):
         self.graph = graph
+        self.bounds_checks = bounds_checks
         self.target = target
         self.tuning_db = tuning_db  # kernels replay their best tuning records (cuvil.autotune)
         self.on_kernel = on_kernel  # called as on_kernel(key, args, label) for each kernel call the graph runs
         self.slots: list[Slot] = []
         self.calls: list[tuple[Any, tuple[int, ...]]] = []
         self.labels: list[str] = []
+        self.call_nodes: list[tuple[Any, ...]] = []  # per call: (op type, name, inputs) of each member node
         self.fallbacks: list[str] = []
         self._const_slot: dict[int, int] = {}
         self.env: dict[str, Entry] = dict(graph.initializers)
@@ -348,6 +352,8 @@ class _GraphCompiler:
         at run time, or run now when every input is known (its outputs become constants)."""
         placeholders = [(ctx, i, p) for ctx in ctxs for i, p in ctx.placeholders]
         args = [p for _, _, p in placeholders] + [t for t, _ in outs]
+        if not self.bounds_checks:
+            key = key + ("unchecked",)
         cached = True
         if self.tuning_db is not None:
             db = _db_key(self.tuning_db)
@@ -357,7 +363,8 @@ class _GraphCompiler:
         if func is None:
             func = kernel_cache.load(key) if cached else None
             if func is None:
-                func, why = lower_kernel(label, args, [p for _, _, p in placeholders], self.target, self.tuning_db)
+                func, why = lower_kernel(label, args, [p for _, _, p in placeholders], self.target, self.tuning_db,
+                                         self.bounds_checks)
                 if why is not None:
                     _FALLBACK_OF[key] = why
                 if cached:
@@ -370,8 +377,11 @@ class _GraphCompiler:
                 _KERNELS[key] = func
         ins = [ctx.entries[i] for ctx, i, _ in placeholders]
         if all(isinstance(e, np.ndarray) for e in ins):
-            results = _fold(func, [np.reshape(e, t_shape(p)) for e, (_, _, p) in zip(ins, placeholders)],
-                            [(t_shape(t), t.dtype) for t, _ in outs], self.target)
+            try:
+                results = _fold(func, [np.reshape(e, t_shape(p)) for e, (_, _, p) in zip(ins, placeholders)],
+                                [(t_shape(t), t.dtype) for t, _ in outs], self.target)
+            except BoundsError as exc:  # an index out of range among constants: refused while compiling
+                raise BoundsError(f"{label}: {exc}") from None
             return [r.reshape(shape) for r, (_, shape) in zip(results, outs)]
         if key in _FALLBACK_OF:
             self.fallbacks.append(f"{label}: {_FALLBACK_OF[key]}")
@@ -386,6 +396,7 @@ class _GraphCompiler:
             arg_slots.append(len(self.slots) - 1)
         self.calls.append((func, tuple(arg_slots)))
         self.labels.append(label)
+        self.call_nodes.append(tuple((ctx.node.op_type, ctx.node.name, tuple(ctx.node.inputs)) for ctx in ctxs))
         return results
 
     def outputs(self) -> list[tuple[str, Runtime | np.ndarray]]:
@@ -398,6 +409,7 @@ class _GraphCompiler:
             if isinstance(e, Runtime) and (self.slots[e.slot].kind != "temp" or e.slot in used):
                 e = _copy(e, self.slots, self.calls, self.target)
                 self.labels.append(f"copy to output {v.name!r}")
+                self.call_nodes.append(())
             if isinstance(e, Runtime):
                 used.add(e.slot)
             outputs.append((v.name, e))

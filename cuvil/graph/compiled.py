@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.errors import CuvilError
-from cuvil.graph.ops.base import Runtime
+from cuvil.errors import BoundsError, CuvilError
+from cuvil.graph.ops.base import INDEX_TAG, Runtime
 
 
 @dataclass
@@ -67,7 +67,7 @@ class CompiledGraph:
 
     def __init__(self, slots: list[Slot], kernels: list[Any], kernel_calls: list[Any], module: Any,
                  memory: Any, outputs: list[tuple[str, Runtime | np.ndarray]], target: Any, labels: list[str],
-                 fallbacks: tuple[str, ...] = ()):
+                 fallbacks: tuple[str, ...] = (), call_nodes: list[tuple[Any, ...]] | None = None):
         self.slots = slots
         self.outputs = outputs
         self.target = target
@@ -79,6 +79,8 @@ class CompiledGraph:
         self.module = module
         self.memory = memory  # cuvil.graph.memplan.MemoryPlan of the temporaries
         self.fallbacks = fallbacks  # one line per kernel that took a plainer schedule than planned
+        # per call: the graph nodes its kernel computes, in fused-member order (for bounds errors)
+        self.call_nodes = call_nodes if call_nodes is not None else [()] * len(kernel_calls)
         self._feeds = [(k, s.name) for k, s in enumerate(slots) if s.kind == "feed"]
         self._consts = {k: s.array for k, s in enumerate(slots) if s.kind == "const"}
         self._temp_bytes = temp_bytes(slots, outputs)
@@ -86,16 +88,48 @@ class CompiledGraph:
         self._returned = [k for k, s in enumerate(slots) if s.kind == "temp" and k not in memory.offsets]
         self._tls = threading.local()  # each thread's kept buffers (see _kept)
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray] | None = None
+            ) -> dict[str, np.ndarray]:
+        """``{output name: array}`` for ``feeds``.  ``out`` ({name: array}, checked by the caller:
+        C-contiguous, of the output's shape and dtype) are the caller's buffers of those outputs: a
+        kernel writes into one directly where the output is a buffer of its own, else it is copied
+        there; the result then holds the caller's arrays."""
         arrays = self._varying(feeds)  # the temporaries in the arena need no array: their pointers are fixed
+        bound = {}
+        if out:
+            bound = self._bind(arrays, out)
         self.run_buffers(arrays)  # type: ignore[arg-type]
-        out = {}
+        result = {}
         for name, e in self.outputs:
             if isinstance(e, np.ndarray):
-                out[name] = e.copy()
+                value = e.copy() if out is None or name not in out else e
             else:
-                out[name] = arrays[e.slot][:math.prod(e.shape)].reshape(e.shape)
-        return out
+                value = arrays[e.slot][:math.prod(e.shape)].reshape(e.shape)
+            if out is not None and name in out:
+                if name not in bound:
+                    np.copyto(out[name], value.reshape(out[name].shape))
+                value = out[name]
+            result[name] = value
+        return result
+
+    def _bind(self, arrays: dict[int, np.ndarray], out: Mapping[str, np.ndarray]) -> set[str]:
+        """Put the caller's output buffers in place of the returned temporaries they can replace (an
+        output with a slot of its own, the slot's size exactly the output's); the names bound."""
+        uses: dict[int, int] = {}
+        for _, e in self.outputs:
+            if isinstance(e, Runtime):
+                uses[e.slot] = uses.get(e.slot, 0) + 1
+        returned = set(self._returned)
+        bound = set()
+        for name, e in self.outputs:
+            buf = out.get(name)
+            if (buf is None or not isinstance(e, Runtime) or e.slot not in returned or uses[e.slot] != 1
+                    or self.slots[e.slot].size != buf.size or buf.size == 0
+                    or np.dtype(self.slots[e.slot].dtype) != buf.dtype):
+                continue
+            arrays[e.slot] = buf.reshape(-1)
+            bound.add(name)
+        return bound
 
     def profile(self, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> Any:
         """Each kernel call timed on its own buffers (see :mod:`cuvil.graph.profile`)."""
@@ -106,10 +140,36 @@ class CompiledGraph:
     def run_buffers(self, arrays: list[np.ndarray]) -> None:
         """One run of every kernel on ``arrays`` (from :meth:`buffers`)."""
         if self.module is not None:
-            rc = self.module.call_array(self._pointers(arrays))
+            err = (ctypes.c_int64 * 3)()
+            rc = self.module.call_array(self._pointers(arrays), err)
+            if rc == 4:
+                raise BoundsError(self.bounds_message(int(err[2]), int(err[0]), str(int(err[1]))) +
+                                  "; the run stopped there, without reading or writing outside any tensor")
             if rc:
                 raise CuvilError("the compiled model failed to allocate its temporary memory (status "
                                  f"{rc})")
+
+    def bounds_message(self, call: int, site: int, value: str) -> str:
+        """What the failed bounds check ``site`` of kernel call ``call`` says about index ``value``: the
+        node and its input for an ONNX index (a Gather's), else the kernel's buffer and dimension."""
+        if not 0 <= call < len(self.kernel_calls):
+            return f"a bounds check failed (call {call}, check {site}, index {value})"
+        kernel = self.kernel_funcs[[k.name for k in self.kernel_funcs].index(self.kernel_calls[call].kernel)]
+        label = self.labels[call] if call < len(self.labels) else f"kernel call {call}"
+        if not 1 <= site <= len(kernel.checks):
+            return f"{label}: a bounds check failed (check {site}, index {value})"
+        c = kernel.checks[site - 1]
+        nodes = self.call_nodes[call] if call < len(self.call_nodes) else ()
+        member, i = divmod(c.tag, INDEX_TAG) if c.tag >= 0 else (-1, -1)
+        n = c.extent
+        valid = f"{-int(n)} .. {int(n) - 1}" if n.lstrip("-").isdigit() and c.wrap else (
+            f"0 .. {int(n) - 1}" if n.lstrip("-").isdigit() else f"0 .. {n} - 1")
+        if 0 <= member < len(nodes):
+            op_type, name, inputs = nodes[member]
+            src = f" in input {i} ({inputs[i]!r})" if 0 <= i < len(inputs) else ""
+            return (f"{op_type} node {name!r}: index {value}{src} is out of range for a dimension of size {n} "
+                    f"(valid indices: {valid})")
+        return f"{label}: index {value} is out of range for {c.what} (size {n}; valid {valid})"
 
     def _varying(self, feeds: Mapping[str, np.ndarray]) -> dict[int, np.ndarray]:
         """The arrays of the slots whose pointers change from run to run: the feeds and the outputs

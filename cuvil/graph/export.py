@@ -222,6 +222,20 @@ def _symbolic_dim(values: Sequence[int], sizes: Sequence[SymbolicSize], per_sign
     return None
 
 
+def _bounds_messages(prog: Any) -> dict[int, str]:
+    """The printf format (``%lld``: the index) of each bounds check of each kernel call of ``prog``,
+    keyed ``call << 16 | check`` (the error record the linked graph fills, cuvil.graph.link)."""
+    sites = {k.name: len(k.checks) for k in prog.kernel_funcs}
+    out = {}
+    for call, kc in enumerate(prog.kernel_calls):
+        for site in range(1, sites.get(kc.kernel, 0) + 1):
+            if site >= 1 << 16:
+                break
+            text = prog.bounds_message(call, site, "\0").replace("%", "%%").replace("\0", "%lld")
+            out[call << 16 | site] = text
+    return out
+
+
 def export_graph(progs: Sequence[Any], feeds: Sequence[Any], shapes: Sequence[Mapping[str, tuple[int, ...]]],
                  path: str | os.PathLike[str], target: Any = "llvm", *, sizes: Sequence[SymbolicSize] = (),
                  declared_outputs: Mapping[str, Any] | None = None, prefix: str | None = None,
@@ -277,7 +291,7 @@ def export_graph(progs: Sequence[Any], feeds: Sequence[Any], shapes: Sequence[Ma
         "target": tgt.canonical, "inputs": [t.to_json() for t in inputs], "outputs": [t.to_json() for t in outputs],
         "workspace_bytes": max(lay.workspace_bytes for lay in layouts), "constant_bytes": blob.nbytes,
         "threads": "libgomp" if uses_threads else "none",
-        "status": {str(k): v for k, v in STATUS.items() if sizes or k < 3}}
+        "status": {str(k): v.replace("<prefix>", prefix) for k, v in STATUS.items() if sizes or k != 3}}
     values = [size_values(sizes, [sig[v.name] for v in feeds]) for sig in shapes]
     if sizes:
         c_names = c_identifiers([s.name for s in sizes], set())
@@ -297,30 +311,43 @@ def export_graph(progs: Sequence[Any], feeds: Sequence[Any], shapes: Sequence[Ma
         meta["signatures"] = [{"sizes": list(vals), "inputs": [list(t.shape) for t in ins],
                                "outputs": [list(t.shape) for t in outs], "workspace_bytes": lay.workspace_bytes}
                               for vals, ins, outs, lay in zip(values, sig_inputs, sig_outputs, layouts)]
-    code = [SignatureCode(vals, entry, len(prog.slots), lay)
+    code = [SignatureCode(vals, entry, len(prog.slots), lay, _bounds_messages(prog))
             for vals, entry, prog, lay in zip(values, entries, progs, layouts)]
     text = api_ir(prefix, tgt, code, len(inputs), len(outputs), blob.nbytes, len(sizes))
     text = cg.add_string_constant(text, f"{prefix}_meta", json.dumps(meta, separators=(",", ":")))
     text = cg.add_string_constant(text, "cuvil_module_meta", json.dumps(
         {"abi": meta["abi"], "kind": "model", "prefix": prefix}))
     mod.link_in(cg.optimize(text, tgt, reloc="pic"))
-    _internalize(mod, {f"{prefix}_{x}" for x in ("run", "run_array", "workspace_size", "set_num_threads", "meta")}
+    _internalize(mod, {f"{prefix}_{x}" for x in ("run", "run_array", "workspace_size", "set_num_threads", "meta",
+                                                 "last_error")}
                  | {"cuvil_module_meta"})
     imports = sorted(f.name for f in mod.functions if f.is_declaration and not f.name.startswith("llvm."))
     obj = cg.object_code(mod, tgt)
-    with tempfile.TemporaryDirectory(prefix="cuvil-export-") as tmp:
+    if tgt.triple.startswith("x86_64"):  # the thread's error message (<prefix>_last_error) is thread-local
+        imports = sorted(set(imports) | {"__tls_get_addr"})
+    meta["imports"] = imports
+    header = model_header(meta, os.path.basename(path))
+    # the library and its header are written under temporary names in the target folder and renamed
+    # at the end: a failed export leaves neither a partial file nor a header without its library
+    try:
+        tmp_dir = tempfile.TemporaryDirectory(prefix=".cuvil-export-", dir=folder)
+    except OSError as exc:
+        raise ArgumentError(f"cannot write {path!r}: {exc}") from None
+    with tmp_dir as tmp:
         files = [os.path.join(tmp, f"{prefix}.o")]
         with open(files[0], "wb") as f:
             f.write(obj)
         if blob.nbytes:
             files.append(_blob_object(cc, tmp, f"{prefix}.weights", blob))
         libs = ["-lm"] + (["-lgomp"] if uses_threads else [])
-        proc = subprocess.run([cc, "-shared", "-o", path, *files, *libs], capture_output=True, text=True)
+        lib = os.path.join(tmp, "lib.so")
+        proc = subprocess.run([cc, "-shared", "-o", lib, *files, *libs], capture_output=True, text=True)
         if proc.returncode != 0:
             raise TargetError(f"linking {path} with {cc} failed:\n{proc.stderr.strip()}")
-    meta["imports"] = imports
-    with open(os.path.splitext(path)[0] + ".h", "w") as f:
-        f.write(model_header(meta, os.path.basename(path)))
+        with open(os.path.join(tmp, "lib.h"), "w") as f:
+            f.write(header)
+        os.replace(os.path.join(tmp, "lib.h"), os.path.splitext(path)[0] + ".h")
+        os.replace(lib, path)
     return path
 
 

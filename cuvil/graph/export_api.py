@@ -16,14 +16,17 @@ and with symbolic sizes (here one, ``N``) the sizes come first and choose the si
     int32_t p_run_array(const int64_t *sizes, const void *const *inputs, void *const *outputs, void *workspace);
     int64_t p_workspace_size(int64_t N);        /* -1: no signature for these sizes */
 
-Status: 0 success, 1 out of memory, 2 a NULL pointer, 3 no compiled signature for the sizes.
+Status: 0 success, 1 out of memory, 2 a NULL pointer, 3 no compiled signature for the sizes, 4 an
+index out of range (a Gather's, read from an input): ``const char *p_last_error(void)`` then says which
+node and index, for the calling thread (an empty string after a successful run).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,7 +35,9 @@ from cuvil.errors import CuvilError
 
 ALIGN = 64
 STATUS = {0: "success", 1: "out of memory (the workspace or a kernel's temporary buffer)",
-          2: "a NULL input or output pointer", 3: "no compiled signature for these sizes"}
+          2: "a NULL input or output pointer", 3: "no compiled signature for these sizes",
+          4: "an index out of range (see <prefix>_last_error())"}
+ERROR_BYTES = 512  # the thread's last error message, NUL included
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,7 @@ class SignatureCode:
     entry: str
     n_slots: int
     layout: Layout
+    messages: dict[int, str] = field(default_factory=dict)  # (call << 16 | check) -> printf format of the index
 
 
 def api_ir(prefix: str, target: Any, signatures: Sequence[SignatureCode], n_in: int, n_out: int, blob_bytes: int,
@@ -174,10 +180,19 @@ def api_ir(prefix: str, target: Any, signatures: Sequence[SignatureCode], n_in: 
     entries: dict[str, tuple[ir.Function, ir.Function]] = {}
     for sig in signatures:
         if sig.entry not in entries:
-            entries[sig.entry] = (fn(sig.entry, I32, [PTR]),
+            entries[sig.entry] = (fn(sig.entry, I32, [PTR, PTR]),
                                   fn(f"{sig.entry}_set_num_threads", ir.VoidType(), [I32]))
+    # const char *last_error(void): this thread's message of its last failed bounds check ("" after a success)
+    text = ir.GlobalVariable(module, ir.ArrayType(ir.IntType(8), ERROR_BYTES), f"{prefix}.error")
+    text.linkage = "internal"  # and thread_local, written into the text below (llvmlite has no spelling for it)
+    text.initializer = ir.Constant(ir.ArrayType(ir.IntType(8), ERROR_BYTES), None)
+    last = fn(f"{prefix}_last_error", PTR, [])
+    ir.IRBuilder(last.append_basic_block("entry")).ret(text)
+    snprintf = ir.Function(module, ir.FunctionType(I32, [PTR, I64, PTR], var_arg=True), "snprintf")
+    report = _report_function(fn(f"{prefix}.report", ir.VoidType(), [PTR, I64], internal=True), module,
+                              signatures, text, snprintf)
     runs = [_run_signature(fn(f"{prefix}.run{k}", I32, [PTR, PTR, PTR], internal=True), entries[sig.entry][0], sig,
-                           n_in, n_out, blob, malloc, free, memcpy)
+                           n_in, n_out, blob, malloc, free, memcpy, text, report, k)
             for k, sig in enumerate(signatures)]
     null = ir.Constant(PTR, None)
     i32 = lambda v: ir.Constant(I32, v)  # noqa: E731
@@ -237,13 +252,62 @@ def api_ir(prefix: str, target: Any, signatures: Sequence[SignatureCode], n_in: 
     for _, setter in entries.values():
         tb.call(setter, [threads.args[0]])
     tb.ret_void()
-    return str(module)
+    # one message per thread (exported libraries only: the in-process JIT has no thread-local storage)
+    ir_text, n = re.subn(rf'^(@"{re.escape(prefix)}\.error" = internal) global', r"\1 thread_local global", str(module),
+                         flags=re.M)
+    if n != 1:
+        raise CuvilError("internal error: the error message buffer was not made thread-local")
+    return ir_text
+
+
+def _report_function(f: Any, module: Any, signatures: Sequence[SignatureCode], text: Any, snprintf: Any) -> Any:
+    """Define ``void f(int64_t err[3], int64_t signature)``: the message of a failed bounds check (err:
+    check, index, call) written to the thread's ``text``, from each signature's ``messages``."""
+    from llvmlite import ir
+
+    from cuvil.codegen.llvm_expr import I64, PTR
+
+    err, which = f.args
+    b = ir.IRBuilder(f.append_basic_block("entry"))
+    load = [b.load(b.gep(err, [ir.Constant(I64, i)], inbounds=True, source_etype=I64), typ=I64) for i in range(3)]
+    key = b.or_(b.shl(load[2], ir.Constant(I64, 16)), load[0])
+    strings: dict[str, Any] = {}
+
+    def fmt(message: str) -> Any:
+        if message not in strings:
+            data = bytearray(message.encode()[:ERROR_BYTES - 64]) + b"\0"
+            g = ir.GlobalVariable(module, ir.ArrayType(ir.IntType(8), len(data)), f"{f.name}.m{len(strings)}")
+            g.linkage, g.global_constant = "internal", True
+            g.initializer = ir.Constant(ir.ArrayType(ir.IntType(8), len(data)), data)
+            strings[message] = g
+        return strings[message]
+
+    def write(bb: Any, message: str) -> None:
+        wb = ir.IRBuilder(bb)
+        wb.call(snprintf, [text, ir.Constant(I64, ERROR_BYTES), fmt(message), load[1]])
+        wb.ret_void()
+
+    generic = f.append_basic_block("generic")
+    write(generic, "index %lld is out of range (a bounds check failed)")
+    sig_switch = b.switch(which, generic)
+    for k, sig in enumerate(signatures):
+        bb = f.append_basic_block(f"sig{k}")
+        sig_switch.add_case(ir.Constant(I64, k), bb)
+        sb = ir.IRBuilder(bb)
+        sw = sb.switch(key, generic)
+        for case, message in sorted(sig.messages.items()):
+            cb = f.append_basic_block(f"sig{k}.{case}")
+            sw.add_case(ir.Constant(I64, case), cb)
+            write(cb, message)
+    del PTR
+    return f
 
 
 def _run_signature(f: Any, graph: Any, sig: SignatureCode, n_in: int, n_out: int, blob: Any, malloc: Any,
-                   free: Any, memcpy: Any) -> Any:
+                   free: Any, memcpy: Any, text: Any, report: Any, k: int) -> Any:
     """Define ``int32_t f(const void *const *inputs, void *const *outputs, void *workspace)``: one run of
-    the signature's graph (NULL checks, the workspace, the slot table, copies of outputs)."""
+    the signature's graph (NULL checks, the workspace, the slot table, copies of outputs, the message of
+    a failed bounds check)."""
     from llvmlite import ir
 
     from cuvil.codegen.llvm_expr import I32, I64, PTR
@@ -253,6 +317,9 @@ def _run_signature(f: Any, graph: Any, sig: SignatureCode, n_in: int, n_out: int
     b = ir.IRBuilder(f.append_basic_block("entry"))
     null = ir.Constant(PTR, None)
     i8 = ir.IntType(8)
+    b.store(ir.Constant(i8, 0), b.gep(text, [ir.Constant(I64, 0), ir.Constant(I64, 0)], inbounds=True))
+    err = b.alloca(ir.ArrayType(I64, 3), name="err")
+    b.store(ir.Constant(ir.ArrayType(I64, 3), [0, 0, 0]), err)
 
     def load_ptr(array: ir.Value, i: int) -> ir.Value:
         return b.load(b.gep(array, [ir.Constant(I64, i)], inbounds=True, source_etype=PTR), typ=PTR)
@@ -294,7 +361,9 @@ def _run_signature(f: Any, graph: Any, sig: SignatureCode, n_in: int, n_out: int
         else:
             p = b.gep(ws, [ir.Constant(I64, k)], inbounds=True, source_etype=i8)
         b.store(p, b.gep(table, [ir.Constant(I64, 0), ir.Constant(I64, slot)], inbounds=True))
-    rc = b.call(graph, [b.bitcast(table, PTR)])
+    rc = b.call(graph, [b.bitcast(table, PTR), b.bitcast(err, PTR)])
+    with b.if_then(b.icmp_signed("==", rc, ir.Constant(I32, 4)), likely=False):
+        b.call(report, [b.bitcast(err, PTR), ir.Constant(I64, k)])
     if layout.copies:
         with b.if_then(b.icmp_signed("==", rc, ir.Constant(I32, 0))):
             for j, (kind, k), nbytes in layout.copies:

@@ -181,7 +181,8 @@ def model_header(meta: dict[str, Any], lib_name: str) -> str:
         "/* Status codes of the run functions. */",
         f"#define {P}_OK 0", f"#define {P}_ERR_NO_MEMORY 1   /* {STATUS[1]} */",
         f"#define {P}_ERR_NULL_POINTER 2  /* {STATUS[2]} */",
-        *([f"#define {P}_ERR_NO_SIGNATURE 3  /* {STATUS[3]} ({_comment(compiled)}) */"] if sizes else []), "",
+        *([f"#define {P}_ERR_NO_SIGNATURE 3  /* {STATUS[3]} ({_comment(compiled)}) */"] if sizes else []),
+        f"#define {P}_ERR_BOUNDS 4  /* an index read from an input is out of range: {p}_last_error() */", "",
         f"#define {P}_NUM_INPUTS {len(ins)}", f"#define {P}_NUM_OUTPUTS {len(outs)}",
     ]
     if sizes:
@@ -258,6 +259,10 @@ def model_header(meta: dict[str, Any], lib_name: str) -> str:
            "\n * ms, taking the cores a team member needs on a shared machine." if gomp else
            f"\n * ({lib_name} has no parallel loop: this only records n.)") + " */",
         f"void {p}_set_num_threads(int32_t n);", "",
+        f"/* After a run returned {P}_ERR_BOUNDS: which node, input and index (an index out of range",
+        " * for the data it indexes, such as a Gather's; the run stopped before touching memory outside",
+        " * any tensor). The calling thread's own message; \"\" after a successful run. */",
+        f"const char *{p}_last_error(void);", "",
         "/* The interface above as JSON: inputs and outputs (name, dtype, shape), workspace, target"
         + (", sizes\n * and signatures." if sizes else ".") + " */",
         f"const char *{p}_meta(void);", "",

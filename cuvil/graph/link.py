@@ -2,10 +2,13 @@
 
 A compiled graph is a list of kernel calls over numbered *slots* (buffers)::
 
-    int32_t <entry>(void **slots);           // slots[s]: data pointer of buffer s
-      k0(args = {slots[0], slots[3]}, sizes = NULL)   // each kernel: int32_t k(void **args, int64_t *sizes)
-      k1(args = {slots[3], slots[1], slots[4]}, ...)
+    int32_t <entry>(void **slots, int64_t err[3]);    // slots[s]: data pointer of buffer s
+      k0_checked(args = {slots[0], slots[3]}, sizes = NULL, err)   // int32_t k_checked(void **, int64_t *, int64_t *)
+      k1_checked(args = {slots[3], slots[1], slots[4]}, ...)
       ...                                             // returns the first non-zero status
+
+A kernel whose bounds check fails (status 4) fills ``err[0]`` (the check's site in that kernel) and
+``err[1]`` (the index); the entry point adds ``err[2]``, the number of the call, and returns 4.
 
 Every kernel is a :class:`~cuvil.ir.stmt.LoweredFunc` of constant shapes, emitted by the LLVM code
 generator into the same module under its own name; a kernel called several times is emitted once.
@@ -22,7 +25,7 @@ from typing import Any
 
 from cuvil.ir.stmt import LoweredFunc
 
-ENTRY = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)
+ENTRY = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p)
 
 
 @dataclass(frozen=True)
@@ -69,26 +72,29 @@ def emit_graph(module: Any, kernels: Sequence[LoweredFunc], calls: Sequence[Kern
         if f.size_vars:
             raise ValueError(f"kernel {f.name}: linked kernels have constant shapes, got sizes {f.size_vars}")
         emit_function(module, f, target)
-    fn = ir.Function(module, ir.FunctionType(I32, [PTR]), entry)
+    fn = ir.Function(module, ir.FunctionType(I32, [PTR, PTR]), entry)
     fn.attributes.add("nounwind")
-    slots = fn.args[0]
-    slots.name = "slots"
+    slots, err = fn.args
+    slots.name, err.name = "slots", "err"
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     width = max([len(c.args) for c in calls] + [1])
     argv = b.alloca(ir.ArrayType(PTR, width), name="argv")
     fail = fn.append_basic_block("fail") if calls else None
     status = ir.IRBuilder(fail).phi(I32, name="status") if fail is not None else None
     for n, call in enumerate(calls):
-        kfn = module.globals[call.kernel]
+        kfn = module.globals[f"{call.kernel}_checked"]
         for i, s in enumerate(call.args):
             src = b.gep(slots, [ir.Constant(I64, s)], inbounds=True, source_etype=PTR)
             dst = b.gep(argv, [ir.Constant(I64, 0), ir.Constant(I64, i)], inbounds=True)
             b.store(b.load(src, typ=PTR), dst)
         kfn.attributes.add("noinline")
-        rc = b.call(kfn, [b.bitcast(argv, PTR), ir.Constant(PTR, None)])
-        ok = fn.append_basic_block(f"call{n}.ok")
-        status.add_incoming(rc, b.block)
-        b.cbranch(b.icmp_signed("!=", rc, ir.Constant(I32, 0)), fail, ok)
+        rc = b.call(kfn, [b.bitcast(argv, PTR), ir.Constant(PTR, None), err])
+        ok, failed = fn.append_basic_block(f"call{n}.ok"), fn.append_basic_block(f"call{n}.failed")
+        b.cbranch(b.icmp_signed("!=", rc, ir.Constant(I32, 0)), failed, ok)
+        fb = ir.IRBuilder(failed)  # which call failed
+        fb.store(ir.Constant(I64, n), fb.gep(err, [ir.Constant(I64, 2)], inbounds=True, source_etype=I64))
+        fb.branch(fail)
+        status.add_incoming(rc, failed)
         b.position_at_end(ok)
     b.ret(ir.Constant(I32, 0))
     if fail is not None:
@@ -213,10 +219,13 @@ class LinkedModule:
 
         raise ArgumentError(f"unknown source format {fmt!r}; use 'loops', 'llvm', 'llvm-unopt' or 'asm'")
 
-    def __call__(self, pointers: Sequence[int]) -> int:
+    def __call__(self, pointers: Sequence[int], err: Any = None) -> int:
         """One native call with the slots' data pointers; returns the status (0: success)."""
-        return self.call_array((ctypes.c_void_p * max(1, len(pointers)))(*pointers))
+        return self.call_array((ctypes.c_void_p * max(1, len(pointers)))(*pointers), err)
 
-    def call_array(self, arr: Any) -> int:
-        """One native call with the slots' data pointers already in a ctypes array (``void *[n]``)."""
-        return int(self._fn(ctypes.addressof(arr)))
+    def call_array(self, arr: Any, err: Any = None) -> int:
+        """One native call with the slots' data pointers already in a ctypes array (``void *[n]``);
+        ``err`` (``int64_t[3]``, zeros) says which bounds check failed when the status is 4."""
+        if err is None:
+            err = (ctypes.c_int64 * 3)()
+        return int(self._fn(ctypes.addressof(arr), ctypes.addressof(err)))

@@ -14,6 +14,7 @@ time of a whole run, which the table prints for comparison.
 from __future__ import annotations
 
 import ctypes
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-_KERNEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p)
+_KERNEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)  # k_checked
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,9 @@ def _median(fn: Any, repeat: int, budget_s: float = 0.05) -> float:
     return float(np.median(ts))
 
 
-def profile(prog: Any, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> Profile:
-    """Time every kernel call of ``prog`` (a :class:`~cuvil.graph.compiled.CompiledGraph`) on ``feeds``."""
-    arrays = prog.buffers(feeds)
-    run_s = _median(lambda: prog.run_buffers(arrays), repeat)
-    if prog.module is None:
-        return Profile((), run_s)
+def _entries(prog: Any, arrays: list[np.ndarray]) -> list[tuple[int, str, str, Any]]:
+    """Each kernel call of ``prog`` as (index, label, kernel name, a function that makes the call on
+    ``arrays`` through the kernel's own entry point in the linked module)."""
     engine = prog.module._engine  # the linked module: each kernel keeps its own entry point
     if engine is None:
         from cuvil.errors import TargetError
@@ -90,21 +88,67 @@ def profile(prog: Any, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> Pro
         raise TargetError(f"this model was compiled for {prog.target.canonical!r}, not this machine: it cannot "
                           "be profiled here")
     pointers = [a.ctypes.data for a in arrays]
-    funcs = {f.name: f for f in prog.kernel_funcs}
     out = []
     for k, (call, label) in enumerate(zip(prog.kernel_calls, prog.labels)):
-        fn = _KERNEL(engine.get_function_address(call.kernel))
+        fn = _KERNEL(engine.get_function_address(f"{call.kernel}_checked"))
         argv = (ctypes.c_void_p * max(1, len(call.args)))(*[pointers[s] for s in call.args])
-        shapes = " ".join("x".join(str(getattr(d, "value", d)) for d in b.shape) for b in _buffers(funcs[call.kernel]))
 
-        def one(fn: Any = fn, argv: Any = argv, what: str = f"kernel call {k} ({label})") -> None:
-            if fn(ctypes.addressof(argv), None):
+        def one(fn: Any = fn, argv: Any = argv, what: str = f"kernel call {k} ({label})", k: int = k) -> None:
+            err = (ctypes.c_int64 * 3)()
+            rc = fn(ctypes.addressof(argv), None, ctypes.addressof(err))
+            if rc == 4:
+                from cuvil.errors import BoundsError
+
+                raise BoundsError(prog.bounds_message(k, int(err[0]), str(int(err[1]))))
+            if rc:
                 from cuvil.errors import CuvilError
 
                 raise CuvilError(f"{what} failed (it could not allocate its temporary memory)")
 
+        out.append((k, label, call.kernel, one))
+    return out
+
+
+def profile(prog: Any, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> Profile:
+    """Time every kernel call of ``prog`` (a :class:`~cuvil.graph.compiled.CompiledGraph`) on ``feeds``."""
+    arrays = prog.buffers(feeds)
+    run_s = _median(lambda: prog.run_buffers(arrays), repeat)
+    if prog.module is None:
+        return Profile((), run_s)
+    funcs = {f.name: f for f in prog.kernel_funcs}
+    out = []
+    for k, label, kernel, one in _entries(prog, arrays):
+        shapes = " ".join("x".join(str(getattr(d, "value", d)) for d in b.shape) for b in _buffers(funcs[kernel]))
         out.append(CallTime(k, label, shapes, _median(one, repeat)))
     return Profile(tuple(out), run_s)
+
+
+@dataclass(frozen=True)
+class CallEvent:
+    """One kernel call of a timed run: when it started (``time.perf_counter()`` seconds) and took."""
+
+    index: int
+    label: str
+    kernel: str
+    start: float
+    seconds: float
+
+
+def timed_run(prog: Any, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[CallEvent]]:
+    """One run of ``prog`` on ``feeds`` with every kernel call timed: the calls in order, each through
+    its own entry point on the run's buffers (what a session with profiling runs).  Returns the
+    outputs, as ``prog.run`` does, and one event per call."""
+    arrays = prog.buffers(feeds)
+    events = []
+    if prog.module is not None:
+        for k, label, kernel, one in _entries(prog, arrays):
+            t0 = time.perf_counter()
+            one()
+            events.append(CallEvent(k, label, kernel, t0, time.perf_counter() - t0))
+    out = {}
+    for name, e in prog.outputs:
+        out[name] = e.copy() if isinstance(e, np.ndarray) else arrays[e.slot][:math.prod(e.shape)].reshape(e.shape)
+    return out, events
 
 
 def _buffers(func: Any) -> list[Any]:

@@ -435,3 +435,39 @@ def min_value(dtype: str) -> Const:
     import numpy as np
 
     return const(int(np.iinfo(dtype).min), dtype)
+
+
+# ---------------------------------------------------------------------------
+# bounds checks
+# ---------------------------------------------------------------------------
+
+INDEX_CHECK = "index_check"
+
+
+def index_check(value: Expr, extent: Expr, wrap: bool = False, tag: int = -1, site: int = 0) -> Call:
+    """``value`` (as int64), which must lie in ``[0, extent)``; with ``wrap``, in ``[-extent, extent)``,
+    a negative value counting from the end (ONNX's indices), and the result is then in ``[0, extent)``.
+
+    A value outside stops the kernel with a bounds error (status 4) instead of reading or writing out
+    of bounds; ``site`` numbers the check in its function (set by ``cuvil.ir.checks``), ``tag`` is the
+    caller's (the graph compiler's fused member).  Loop IR spells it ``Call("index_check", (value,
+    extent, wrap, tag, site))``, so every pass treats it as an opaque integer function.
+    """
+    value = as_expr(value, "int64")
+    if not dt.is_int(value.dtype):
+        raise DTypeError(f"an index must be an integer, got {value.dtype} ({value})")
+    if value.dtype != "int64":
+        value = Cast("int64", value)
+    extent = as_expr(extent, "int64")
+    if extent.dtype != "int64":
+        extent = Cast("int64", extent)
+    return Call("int64", INDEX_CHECK, (value, extent, Const("bool", bool(wrap)), Const("int64", int(tag)),
+                                       Const("int64", int(site))))
+
+
+def index_check_parts(e: Expr) -> tuple[Expr, Expr, bool, int, int] | None:
+    """``(value, extent, wrap, tag, site)`` of an :func:`index_check` call, None for anything else."""
+    if not (isinstance(e, Call) and e.name == INDEX_CHECK):
+        return None
+    v, n, wrap, tag, site = e.args
+    return v, n, bool(wrap.value), int(tag.value), int(site.value)  # type: ignore[attr-defined]

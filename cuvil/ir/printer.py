@@ -21,6 +21,7 @@ from cuvil.ir.expr import (
     TensorRead,
     Unary,
     Var,
+    index_check_parts,
 )
 from cuvil.ir.stmt import Allocate, Block, Buffer, For, If, LetStmt, LoweredFunc, Stmt, Store
 
@@ -67,6 +68,11 @@ class Printer:
             sym = "-" if e.op == "neg" else ("!" if e.dtype == "bool" else "~")
             return f"{sym}{self.expr(e.a, 7)}"
         if isinstance(e, Call):
+            check = index_check_parts(e)
+            if check is not None:  # checked(k, 10) / checked_wrap(k, 10): k in [0, 10) / [-10, 10)
+                v, n, wrap, _tag, site = check
+                mark = f" #{site}" if site else ""
+                return f"checked{'_wrap' if wrap else ''}({self.expr(v)}, {self.expr(n)}{mark})"
             return f"{e.name}({', '.join(self.expr(a) for a in e.args)})"
         if isinstance(e, Select):
             return f"select({self.expr(e.cond)}, {self.expr(e.t)}, {self.expr(e.f)})"
@@ -124,6 +130,8 @@ class Printer:
             else:
                 params.append(f"{self.name(p)}: {p.dtype}")
         out = [f"func {f.name}({', '.join(params)}) {{"]
+        for cond, site in f.entry_checks:  # sizes under which an access would leave its tensor
+            out.append(f"  fail_if({self.expr(cond)} #{site});")
         self.stmt(f.body, 1, out)
         out.append("}")
         return "\n".join(out)

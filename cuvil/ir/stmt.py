@@ -127,6 +127,26 @@ def block(stmts: list[Stmt] | tuple[Stmt, ...]) -> Stmt:
     return flat[0] if len(flat) == 1 else Block(tuple(flat))
 
 
+@dataclass(frozen=True, slots=True)
+class CheckSite:
+    """One bounds check of a lowered function (``LoweredFunc.checks[site - 1]``), for its error message.
+
+    ``kind`` is "index" (a data-dependent or non-affine index of ``buffer``'s dimension ``dim``, which must
+    lie in ``[0, extent)``; with ``wrap``, in ``[-extent, extent)``, a negative one counting from the end as
+    ONNX's indices do) or "sizes" (run-time sizes for which an affine access leaves its tensor:
+    ``what`` says which access and when).  ``tag`` is the caller's (the graph compiler: which member of a
+    fused kernel); ``what`` describes the access.
+    """
+
+    kind: str
+    what: str
+    buffer: str = ""
+    dim: int = -1
+    extent: str = ""
+    wrap: bool = False
+    tag: int = -1
+
+
 @dataclass(frozen=True, eq=False, slots=True, repr=False)
 class LoweredFunc:
     """A function in loop IR.
@@ -134,7 +154,10 @@ class LoweredFunc:
     ``params`` are the arguments in call order: a Buffer for each tensor, a Var
     for each run-time size passed explicitly.  ``size_vars`` are the run-time
     sizes the function needs, in the order they are passed to native code.
-    ``outputs`` names the buffers the function writes.
+    ``outputs`` names the buffers the function writes.  ``checks`` describes the bounds checks the body
+    makes (``index_check`` calls number them from 1); ``entry_checks`` are conditions on the sizes,
+    checked once per call before the body runs, under which an access would leave its tensor (each
+    with its site number).
     """
 
     name: str
@@ -142,6 +165,8 @@ class LoweredFunc:
     body: Stmt
     size_vars: tuple[Var, ...] = ()
     outputs: tuple[Buffer, ...] = field(default=())
+    checks: tuple[CheckSite, ...] = ()
+    entry_checks: tuple[tuple[Expr, int], ...] = ()
 
     def __str__(self) -> str:
         from cuvil.ir.printer import func_str

@@ -27,13 +27,34 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.errors import ArgumentError, DTypeError, ShapeError
+from cuvil.errors import ArgumentError, BoundsError, DTypeError, ShapeError
 from cuvil.runtime.meta import eval_dim
 
 _ndarray = np.ndarray
 _CONST, _BIND, _CHECK = 0, 1, 2
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 CFUNC = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p)  # (void **args, int64_t *sizes)
+# (void **args, int64_t *sizes, int64_t err[3]): err says which bounds check failed (status 4)
+CFUNC_CHECKED = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+ErrorRecord = ctypes.c_int64 * 3  # [site, value, call]: zero until a check fails
+BOUNDS_STATUS = 4
+
+
+def bounds_message(checks: Sequence[Mapping[str, Any]], err: Any, sizes: Mapping[str, int] | None = None) -> str:
+    """What a failed bounds check found, from the function's ``checks`` (its metadata) and the error
+    record ``err`` ([site, value, call]); ``sizes`` are the call's size values (for a check on sizes)."""
+    site, value = int(err[0]), int(err[1])
+    if not 1 <= site <= len(checks):
+        return f"a bounds check failed (site {site}, value {value})"
+    c = checks[site - 1]
+    if c["kind"] == "sizes":
+        here = ", ".join(f"{k} = {v}" for k, v in (sizes or {}).items())
+        return f"{c['what']}" + (f" (here {here})" if here else "")
+    n = c["extent"]
+    valid = f"-{n} .. {n} - 1" if c["wrap"] else f"0 .. {n} - 1"
+    if n.lstrip("-").isdigit():
+        valid = f"{-int(n)} .. {int(n) - 1}" if c["wrap"] else f"0 .. {int(n) - 1}"
+    return f"index {value} is out of range for {c['what']} (size {n}; valid {valid})"
 
 
 def _pointer_expression() -> str:
@@ -271,16 +292,35 @@ class NativeFunction:
     plan: CallPlan
     _cfunc: Any
 
+    _cfunc_checked: Any = None  # name_checked: also says which bounds check failed
+
     def __call__(self, *args: Any) -> None:
         ptrs, sizes, _keep = self.plan.pack(args)
-        if self._cfunc(ptrs, sizes):
-            raise MemoryError(f"{self.plan.name}: out of memory allocating a temporary buffer")
+        f = self._cfunc_checked
+        if f is None:
+            rc = self._cfunc(ptrs, sizes)
+        else:
+            err = ErrorRecord()
+            rc = f(ptrs, sizes, err)
+        if rc:
+            self._failed(rc, sizes, None if f is None else err)
+
+    def _failed(self, rc: int, sizes: Any, err: Any) -> None:
+        if rc == BOUNDS_STATUS:
+            named = {n: int(sizes[j]) for j, n in enumerate(self.plan.meta["size_vars"])}
+            checks = self.plan.meta.get("checks", [])
+            what = bounds_message(checks, err, named) if err is not None else "a bounds check failed"
+            raise BoundsError(f"{self.plan.name}: {what}; nothing was read or written outside the tensors, "
+                              "and the outputs are incomplete")
+        raise MemoryError(f"{self.plan.name}: out of memory allocating a temporary buffer")
 
     def time(self, *args: Any, number: int = 10, repeat: int = 5) -> float:
         """Median seconds per call over ``repeat`` runs of ``number`` calls (arguments checked once)."""
         ptrs, sizes, _keep = self.plan.pack(args)
         f = self._cfunc
-        f(ptrs, sizes)  # warm up
+        rc = f(ptrs, sizes)  # warm up
+        if rc:
+            self(*args)  # raises what went wrong
         runs = []
         for _ in range(max(1, repeat)):
             t0 = time.perf_counter()

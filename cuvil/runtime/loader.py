@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.errors import ArgumentError, CuvilError, DTypeError, ShapeError
+from cuvil.errors import ArgumentError, BoundsError, CuvilError, DTypeError, ShapeError
 from cuvil.runtime import threads
-from cuvil.runtime.call import CFUNC, CallPlan, NativeFunction, check_feed_names
+from cuvil.runtime.call import CFUNC, CFUNC_CHECKED, CallPlan, NativeFunction, check_feed_names
 from cuvil.runtime.meta import ABI_VERSION
 
 MODEL_ABIS = (1, 2)  # cuvil.graph.export: MODEL_ABI (fixed shapes), SIZES_ABI (symbolic sizes first); not
@@ -46,6 +46,9 @@ class LoadedModule(NativeFunction):
             raise ArgumentError(f"{path} uses cuvil ABI {self.meta.get('abi')}, this runtime reads {ABI_VERSION}")
         self.plan = CallPlan(self.meta)
         self._cfunc = CFUNC(ctypes.cast(getattr(self._lib, name), ctypes.c_void_p).value)
+        checked = getattr(self._lib, f"{name}_checked", None)  # absent in libraries of older cuvil versions
+        if checked is not None and self.meta.get("checks"):
+            self._cfunc_checked = CFUNC_CHECKED(ctypes.cast(checked, ctypes.c_void_p).value)
         setter = getattr(self._lib, f"{name}_set_num_threads", None)
         if setter is not None:
             threads.register(self, threads.SETTER(ctypes.cast(setter, ctypes.c_void_p).value))
@@ -64,7 +67,7 @@ class TensorArg:
 
 
 _STATUS = {1: "out of memory (its workspace or a kernel's temporary buffer)", 2: "a NULL input or output pointer",
-           3: "no compiled signature for these sizes"}
+           3: "no compiled signature for these sizes", 4: "an index out of range"}
 
 
 class LoadedModel:
@@ -97,6 +100,9 @@ class LoadedModel:
         self._run = _symbol(lib, f"{prefix}_run_array", path)
         self._run.restype = ctypes.c_int32
         self._run.argtypes = [ctypes.c_void_p] * (4 if self._sizes else 3)
+        self._last_error = getattr(lib, f"{prefix}_last_error", None)  # absent in libraries of older versions
+        if self._last_error is not None:
+            self._last_error.restype, self._last_error.argtypes = ctypes.c_char_p, []
         setter = _symbol(lib, f"{prefix}_set_num_threads", path)
         threads.register(self, threads.SETTER(ctypes.cast(setter, ctypes.c_void_p).value))
 
@@ -137,6 +143,8 @@ class LoadedModel:
             rc = self._run(ctypes.addressof(sizes), ctypes.addressof(ins), ctypes.addressof(ptrs), None)
         else:
             rc = self._run(ctypes.addressof(ins), ctypes.addressof(ptrs), None)
+        if rc == 4 and self._last_error is not None:
+            raise BoundsError(f"{self.path}: {self._last_error().decode(errors='replace')}")
         if rc:
             raise CuvilError(f"{self.path}: the model failed with status {rc}: {_STATUS.get(rc, 'unknown status')}")
         by_name = dict(zip(names, outs))

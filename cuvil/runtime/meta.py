@@ -11,6 +11,9 @@ compiled in this process.  Layout::
          "shape_str": ["M", "16"], "output": false},
         {"kind": "var", "name": "N", "dtype": "int64", "size_index": 1}]}
 
+``"checks"`` (absent when there are none) lists the function's bounds checks, site 1 first
+(:class:`cuvil.ir.stmt.CheckSite` as a dict), for the message of a failed one (status 4).
+
 A dimension is an int, ``["var", j]`` (``size_vars[j]``), ``[op, x, y]`` with
 ``op`` in add sub mul floordiv floormod min max, or ``["cast", dtype, x]``.
 :func:`eval_dim` evaluates one with Python ints.
@@ -46,8 +49,13 @@ def func_meta(func: Any, target: str) -> dict[str, Any]:
             if p not in index:
                 raise UnsupportedOpError(f"parameter {p.name!r} of {func.name} is a Var missing from size_vars")
             params.append({"kind": "var", "name": p.name, "dtype": p.dtype, "size_index": index[p]})
-    return {"abi": ABI_VERSION, "name": func.name, "target": target,
+    meta = {"abi": ABI_VERSION, "name": func.name, "target": target,
             "size_vars": [v.name for v in func.size_vars], "params": params}
+    checks = getattr(func, "checks", ())
+    if checks:
+        meta["checks"] = [{"kind": c.kind, "what": c.what, "buffer": c.buffer, "dim": c.dim, "extent": c.extent,
+                           "wrap": c.wrap, "tag": c.tag} for c in checks]
+    return meta
 
 
 def _dim(e: Any, index: dict[Any, int], buf: str, k: int) -> Any:

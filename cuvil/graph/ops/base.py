@@ -139,6 +139,9 @@ class NeedsValue(Exception):
 Entry = Runtime | Fused | np.ndarray | None
 
 
+INDEX_TAG = 64  # a checked index's tag: member of the fused kernel * INDEX_TAG + the input it comes from
+
+
 class NodeCtx:
     """One node's inputs, attributes and opset, as its builder sees them."""
 
@@ -213,6 +216,15 @@ class NodeCtx:
             self.placeholders.append((i, t))
         self._tensors[(i, shp)] = t
         return t
+
+    def index(self, value: Any, n: int, i: int) -> Any:
+        """An index read from input ``i`` (any integer expression), checked when the kernel runs: it must
+        lie in ``-n .. n-1`` (ONNX: a negative index counts from the end); the result is in ``0 .. n-1``.
+        Out of range, the run stops with a ``BoundsError`` naming this node, input ``i`` and the index."""
+        from cuvil.ir.expr import index_check
+
+        member = int(self.prefix[1:-1]) if self.prefix else 0
+        return index_check(value, n, wrap=True, tag=member * INDEX_TAG + i)
 
     def constant(self, array: np.ndarray, keyed: bool = True) -> Tensor:
         """A compile-time array as a tensor of the kernel: a table whose values key the kernel (index

@@ -3,10 +3,11 @@ ScatterElements, OneHot.
 
 Indices may be negative (``-n .. n-1`` counts from the end of the indexed dimension, as ONNX says).
 Indices known at compile time are checked then (an index out of range is a ``ShapeError`` naming the
-node).  Indices computed at run time are not checked yet (a later issue adds run-time checks): a
-gather reads whatever lies at an out-of-range position (undefined, as an out-of-bounds C read), and a
-scatter's out-of-range update matches no output position, so it is dropped.  Nothing is clamped or
-wrapped beyond the negative-index rule.
+node).  Indices fed at run time are checked when the kernel runs (``NodeCtx.index``, one compare per
+index where it is read): an index out of range stops the run with a ``BoundsError`` naming the node,
+the input and the index, as onnxruntime refuses it; nothing is clamped, wrapped (beyond the
+negative-index rule) or dropped.  ``bounds_checks=False`` (the session's, or ``compile_graph``'s)
+leaves the checks out: an index out of range is then undefined behaviour, as in C.
 
 The scatters are functional: output element ``p`` is ``data[p]`` combined with every update whose
 index is ``p`` -- a reduction over the updates (``sum``/``prod``/``max``/``min``, or for
@@ -49,10 +50,6 @@ def _check_known(ctx: NodeCtx, i: int, bounds: Sequence[int] | int) -> None:
         raise ctx.error(f"index {int(v[at])} at {list(at)} of input {i} is out of range for a dimension of size {lim}")
 
 
-def _norm(v: Any, n: int) -> Any:
-    """An index read from a tensor, as int64, with a negative one counted from the end (ONNX's rule)."""
-    v = te.cast(v, "int64") if v.dtype != "int64" else v
-    return te.if_then_else(v < 0, v + n, v)
 
 
 def _reduction(ctx: NodeCtx) -> str:
@@ -107,7 +104,7 @@ def gather_elements(ctx: NodeCtx) -> list:
     _check_known(ctx, 1, shp[axis])
     x, idx = ctx.tensor(0), ctx.tensor(1)
     n = shp[axis]
-    return [te.compute(ishp, lambda *i: x[i[:axis] + (_norm(idx[i], n),) + i[axis + 1:]], name="gather_el")]
+    return [te.compute(ishp, lambda *i: x[i[:axis] + (ctx.index(idx[i], n, 1),) + i[axis + 1:]], name="gather_el")]
 
 
 def _nd_layout(ctx: NodeCtx, b: int) -> tuple[tuple[int, ...], tuple[int, ...], int]:
@@ -142,7 +139,7 @@ def gather_nd(ctx: NodeCtx) -> list:
 
     def body(*o: Any) -> Any:
         i, j = o[:q], o[q:]
-        picked = tuple(_norm(idx[i + (c,)], shp[b + c]) for c in range(k))
+        picked = tuple(ctx.index(idx[i + (c,)], shp[b + c], 1) for c in range(k))
         return x[i[:b] + picked + j]
 
     return [te.compute(out, body, name="gather_nd")]
@@ -183,13 +180,11 @@ def scatter_nd(ctx: NodeCtx) -> list:
             return [Shaped(te.compute((n_pos, n_row), body, name="scatter_nd"), shp)]
     idx = ctx.tensor(1, (n_upd, k))
 
-    def flat(u: Any) -> Any:  # the position update u writes, -1 when its index is out of range
-        pos, ok = te.const(0, "int64"), []
+    def flat(u: Any) -> Any:  # the position update u writes (its index checked when the kernel runs)
+        pos = te.const(0, "int64")
         for c in range(k):
-            v = _norm(idx[u, c], shp[c])
-            ok += [v >= 0, v < shp[c]]
-            pos = pos * shp[c] + v
-        return te.if_then_else(te.all(*ok), pos, te.const(-1, "int64")) if ok else pos
+            pos = pos * shp[c] + ctx.index(idx[u, c], shp[c], 1)
+        return pos
 
     where = te.compute((n_upd,), flat, name="scatter_pos")
     if kind == "none":  # the last update that lands on a position wins, for its whole slice
@@ -257,7 +252,7 @@ def scatter_elements(ctx: NodeCtx) -> list:
     def at(p: tuple[Any, ...], u: Any) -> tuple[Any, ...]:
         return p[:axis] + (u,) + p[axis + 1:]
 
-    res = _scatter(kind, part, ishp[axis], lambda *a: _norm(idx[at(a[:-1], a[-1])], n) == a[axis],
+    res = _scatter(kind, part, ishp[axis], lambda *a: ctx.index(idx[at(a[:-1], a[-1])], n, 1) == a[axis],
                    lambda *a: upd[at(a[:-1], a[-1])], data)
     if part == shp:
         return [res]

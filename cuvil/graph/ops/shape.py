@@ -211,13 +211,15 @@ def gather(ctx: NodeCtx) -> list:
     out = shp[:axis] + ishp + shp[axis + 1:]
     if _prod(out) == 0:
         return [np.zeros(out, ctx.dtype(0))]
+    from cuvil.graph.ops.index import _check_known
+
+    _check_known(ctx, 1, shp[axis])  # indices known now are checked now
     x, idx = ctx.tensor(0), ctx.tensor(1)
     n, r = shp[axis], len(ishp)
 
     def body(*i: Any) -> Any:
         k = idx[tuple(i[axis:axis + r])] if r else idx[()]
-        k = te.cast(k, "int64")
-        k = te.if_then_else(k < 0, k + n, k)
+        k = ctx.index(k, n, 1)  # -n .. n-1, checked when the kernel runs
         return x[tuple(i[:axis]) + (k,) + tuple(i[axis + r:])]
 
     return [te.compute(out, body, name="gather")]
