@@ -278,7 +278,7 @@ def _conflicts(ev_reads: isl.UnionMap, ev_writes: isl.UnionMap, ev_sched: isl.Un
 def _check_parallel(sched: Any, model: PolyModel, tm: TimeMaps, ev: Events, what: str,
                     storage: dict[int, LocalStorage] | None = None) -> None:
     loops = []
-    for st in sched.stages:
+    for st in sched.all_stages:  # a scan's part stages too
         for leaf in st.leaves:
             kind = st.kinds.get(id(leaf))
             if kind in ("parallel", "vectorize") or kind in GPU_TAGS:  # GPU_TAGS: bind()
@@ -287,7 +287,7 @@ def _check_parallel(sched: Any, model: PolyModel, tm: TimeMaps, ev: Events, what
         return
     cache: dict[int, dict[str, isl.UnionMap]] = {}
     for st, leaf, kind in loops:
-        dims = [tm.leaf_dim(s.name, leaf) for s in model.statements if s.stage is st]
+        dims = [tm.leaf_dim(s.name, leaf) for s in model.statements if s.stage.loops_of(s.kind) is st]
         d = next((x for x in dims if x is not None), None)
         if d is None:
             continue

@@ -9,7 +9,7 @@ from cuvil.schedule.trace import Step, expr_from_json
 
 
 def _stage(sched: Any, name: str, step: Step) -> Any:
-    matches = [st for st in sched.stages if st.name == name]
+    matches = [st for st in sched.all_stages if st.name == name]
     if len(matches) != 1:
         raise ScheduleError(f"replaying {step}: {'no' if not matches else 'more than one'} stage named {name!r}")
     return matches[0]

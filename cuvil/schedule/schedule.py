@@ -9,6 +9,12 @@ order.  ``s[T]`` (a tensor or its op) gives the stage; its primitives
 and the schedule's (``cache_read``, ``cache_write``) are each checked by isl
 before they are accepted (see :mod:`cuvil.schedule.legality`), and each one
 appends a step to ``s.trace``.
+
+A scan (``te.scan(init, update, state)``) is one stage, ``s[scan]``, whose
+loops run both parts; ``s[init]`` and ``s[update]`` are *part stages*
+(``scan.init``, ``scan.update``) whose loops are those of one part inside a
+time step.  A scan is scheduled through one or the other, not both; the
+first loop of a part is the time axis, which stays one loop, the outermost.
 """
 
 from __future__ import annotations
@@ -29,14 +35,24 @@ _STAGE_STATE = ("op", "aliases", "scope", "attach", "attach_stage", "attach_axis
                 "kinds")
 
 
-class Stage:
-    """One operation of a schedule, with its loop structure and placement."""
+_PLACEMENT = ("compute_at", "compute_inline", "compute_root")
 
-    def __init__(self, sched: Schedule, op: Operation):
+
+class Stage:
+    """One operation of a schedule, with its loop structure and placement.
+
+    A scan's part stage (``s[init]``, ``s[update]``) has ``scan`` set to the scan's stage; the scan's
+    stage lists them in ``parts`` (init, update).
+    """
+
+    def __init__(self, sched: Schedule, op: Operation, scan: Stage | None = None, part: str = ""):
         self.sched = sched
         self.op = op
         self.origin_op = op
         self.label = op.name  # the stage's name: the op's, numbered when two ops of a program share one
+        self.scan = scan
+        self.part = part  # "init" | "update" for a scan's part stage
+        self.parts: tuple[Stage, ...] = ()
         self.aliases: list[Operation] = [op]  # every op this stage has computed (readers may name any)
         self.scope = "global"
         self.attach = "root"  # "root" | "inline" | "at"
@@ -77,6 +93,18 @@ class Stage:
     def __repr__(self) -> str:
         return f"Stage({self.name})"
 
+    def loops_scheduled(self) -> bool:
+        """Whether a primitive changed this stage's loops, or a stage is computed at one of them."""
+        return (bool(self.relations) or bool(self.kinds) or any(a is not b for a, b in zip(self.leaves, self.roots))
+                or bool(self.attached_here()))
+
+    def loops_of(self, kind: str) -> Stage:
+        """The stage whose loops run this stage's statements of ``kind``: the stage itself, or for a
+        scan whose init or update stage was scheduled, that part's stage."""
+        if kind in ("scan_init", "scan_update") and any(p.loops_scheduled() for p in self.parts):
+            return self.parts[0 if kind == "scan_init" else 1]
+        return self
+
     # -- helpers ----------------------------------------------------------------
     def _leaf(self, axis: Any, what: str) -> IterVar:
         if isinstance(axis, str):
@@ -85,7 +113,7 @@ class Stage:
             raise ScheduleError(f"{self.name}.{what}: expected a loop axis of stage {self.name}, got {axis!r}")
         if any(axis is a for a in self.leaves):
             return axis
-        for st in self.sched.stages:
+        for st in self.sched.all_stages:
             if st is not self and any(axis is a for a in st.all_axes):
                 raise ScheduleError(
                     f"{self.name}.{what}: axis {axis.name} belongs to stage {st.name}, not {self.name}; "
@@ -128,6 +156,37 @@ class Stage:
     def _compute(self, what: str) -> None:
         if isinstance(self.op, PlaceholderOp):
             raise ScheduleError(f"{what}: {self.name} is a placeholder; only computed stages have loops")
+        self._scan_rules(what)
+
+    def _scan_rules(self, what: str) -> None:
+        """A scan's loops are scheduled through ``s[scan]`` (one nest for both parts) or through its part
+        stages (``s[init]``, ``s[update]``), not both; a part is placed only with its scan."""
+        scan = self.scan if self.scan is not None else self
+        if self.scan is not None and what in _PLACEMENT:
+            raise ScheduleError(
+                f"{self.name}.{what}: {self.name} runs inside scan {scan.name}, once per time step; "
+                f"place the whole scan with s[{scan.name}].{what}(...)"
+            )
+        if not scan.parts or what in _PLACEMENT:
+            return
+        done = scan if self.scan is not None else next((p for p in scan.parts if p.loops_scheduled()), None)
+        if done is not None and done.loops_scheduled():
+            raise ScheduleError(
+                f"{self.name}.{what}: the loops of scan {scan.name} are already scheduled through "
+                f"s[{done.name}]; schedule a scan either as one loop nest (s[{scan.name}]) or through its parts "
+                f"({', '.join(p.name for p in scan.parts)}), not both"
+            )
+
+    def _keep_time(self, what: str, axes: list[IterVar]) -> None:
+        """The first loop of a scan's part is the scan's time axis: it stays one loop, the outermost."""
+        if self.scan is None or not any(a is self.roots[0] for a in axes):
+            return
+        t = self.roots[0]
+        raise ScheduleError(
+            f"{self.name}.{what}: {t.name} is the time axis of scan {self.scan.name}: each step reads the steps "
+            f"before it, so it stays one sequential loop, the outermost; schedule the loops inside a time step "
+            f"instead: {[a.name for a in self.leaves if a is not t]}"
+        )
 
     # -- loop primitives ----------------------------------------------------------
     def split(self, parent: IterVar, factor: int | None = None, nparts: int | None = None) -> tuple[IterVar, IterVar]:
@@ -141,6 +200,7 @@ class Stage:
         """
         self._compute("split")
         p = self._leaf(parent, "split")
+        self._keep_time(f"split({p.name})", [p])
         if (factor is None) == (nparts is None):
             raise ScheduleError(f"{self.name}.split({p.name}): give exactly one of factor= and nparts=")
         n = factor if factor is not None else nparts
@@ -206,6 +266,8 @@ class Stage:
         leaves = [self._leaf(a, "reorder") for a in axes]
         if len({id(a) for a in leaves}) != len(leaves):
             raise ScheduleError(f"{self.name}.reorder: an axis is repeated in {[a.name for a in leaves]}")
+        if leaves and leaves[0] is not self.roots[0]:  # the time axis of a scan's part may not move inward
+            self._keep_time(f"reorder({', '.join(a.name for a in leaves)})", leaves)
         step = Step("reorder", self.name, tuple(a.name for a in leaves))
 
         def do() -> None:
@@ -225,6 +287,7 @@ class Stage:
         """
         self._compute("fuse")
         o, i = self._leaf(outer, "fuse"), self._leaf(inner, "fuse")
+        self._keep_time(f"fuse({o.name}, {i.name})", [o, i])
         po = next(k for k, a in enumerate(self.leaves) if a is o)
         pi = next(k for k, a in enumerate(self.leaves) if a is i)
         if pi != po + 1:
@@ -262,6 +325,8 @@ class Stage:
     def _annotate(self, axis: IterVar, kind: str) -> None:
         self._compute(kind)
         a = self._leaf(axis, kind)
+        if kind in ("vectorize", "unroll"):  # parallel / bind of a scan's time axis: isl finds the recurrence
+            self._keep_time(f"{kind}({a.name})", [a])
         if kind in ("vectorize", "unroll") and const_int(a.extent) is None:
             raise ScheduleError(
                 f"{self.name}.{kind}({a.name}): the loop needs a constant extent, it has {a.extent}; "
@@ -347,6 +412,13 @@ class Stage:
         if not isinstance(parent, Stage):
             raise ScheduleError(f"{self.name}.compute_at: the first argument must be a stage, s[T]")
         a = parent._leaf(axis, "compute_at")
+        if parent.scan is not None or any(p.loops_scheduled() for p in parent.parts):
+            scan = parent.scan or parent
+            raise ScheduleError(
+                f"{self.name}.compute_at(s[{parent.name}], {a.name}): the loops of scan {scan.name} are scheduled "
+                f"through its parts ({', '.join(p.name for p in scan.parts)}); compute {self.name} at the root, "
+                f"or schedule the scan as one loop nest (s[{scan.name}]) and compute it at one of its loops"
+            )
         if parent is self:
             raise ScheduleError(f"{self.name}.compute_at: a stage cannot be computed inside itself")
         if not self.sched.reads(parent, self):
@@ -435,6 +507,11 @@ class Schedule:
                 st.label = f"{st.label}_{k}"
                 taken.add(st.label)
             seen.add(st.label)
+        for st in self.stages:  # a scan's init and update: the part stages scan.init, scan.update
+            for part, op in zip(("init", "update"), getattr(st.op, "parts", ())):
+                p = Stage(self, op, scan=st, part=part)
+                p.label = self.fresh_name(f"{st.label}.{part}")
+                st.parts += (p,)
         self.trace: list[Step] = []
         # strategies of the automatic scheduler that isl refused, and what was taken instead (in the order
         # they happened; kept when a group of steps is undone): see cuvil.schedule.fallback
@@ -442,6 +519,11 @@ class Schedule:
         self._deferred = False  # see deferred_checks()
 
     # -- lookup -------------------------------------------------------------------------
+    @property
+    def all_stages(self) -> list[Stage]:
+        """The stages, each scan's part stages after it."""
+        return [x for st in self.stages for x in (st, *st.parts)]
+
     def stage_of(self, x: Tensor | Operation | str) -> Stage | None:
         if isinstance(x, str):
             for st in self.stages:
@@ -456,8 +538,10 @@ class Schedule:
 
     def __getitem__(self, x: Tensor | Operation) -> Stage:
         st = self.stage_of(x)
-        if st is None:
+        if st is None:  # the init or update a scan was made of
             op = _as_op(x, "schedule[...]")
+            st = next((p for s in self.stages for p in s.parts if p.op is op), None)
+        if st is None:
             raise ScheduleError(f"{op.name} is not part of this schedule (it does not feed its outputs)")
         return st
 
@@ -473,7 +557,7 @@ class Schedule:
 
     def fresh_name(self, base: str) -> str:
         """``base``, or ``base`` with a number, so that no two stages share a name."""
-        names = {st.name for st in self.stages}
+        names = {st.name for st in self.all_stages}
         n, i = base, 1
         while n in names:
             n = f"{base}{i}"
@@ -495,7 +579,7 @@ class Schedule:
         def keep(v: Any) -> Any:
             return list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
 
-        return list(self.stages), [(st, {k: keep(getattr(st, k)) for k in _STAGE_STATE}) for st in self.stages]
+        return list(self.stages), [(st, {k: keep(getattr(st, k)) for k in _STAGE_STATE}) for st in self.all_stages]
 
     def _restore(self, snap: Any) -> None:
         stages, states = snap

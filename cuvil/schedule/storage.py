@@ -20,7 +20,7 @@ loops run ``x`` then a vectorised ``f`` is stored ``[x, f]``), so that the
 innermost, vectorised loop walks contiguous memory.  Another reader is fine when isl shows it
 reads only elements written in the same iteration (softmax's exponentials, read by the row sum
 and the division inside one row iteration).  Stages whose region size depends on a run-time
-size, or with a reader outside the iteration, keep a whole buffer.
+size, or with a reader outside the iteration (a scan reads its earlier steps), keep a whole buffer.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from cuvil.ir.functor import free_vars
 from cuvil.schedule.axes import leaf_values
 from cuvil.schedule.model import PolyModel
 from cuvil.schedule.timemap import TimeMaps, _truncate
+from cuvil.te.tensor import ScanOp
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ def plan_storage(model: PolyModel, tm: TimeMaps, intermediates: list[Any]) -> di
     out: dict[int, LocalStorage] = {}
     for st in intermediates:
         if st.attach != "at" or id(st) not in tm.attach_dim:
+            continue
+        if isinstance(st.op, ScanOp):  # each step reads the steps before it: earlier iterations' rows
             continue
         readers = [r for r in sched.compute_stages if r.attach != "inline" and sched.reads(r, st)]
         if not any(r is st.attach_stage for r in readers):

@@ -67,11 +67,13 @@ def _cut(stage: Any) -> int | None:
 
 
 def _suffix(model: PolyModel, s: Statement, counts: list[int]) -> tuple[isl.Map, list[IterVar | None]]:
-    """``S[iters] -> [slot_-1, leaf_0, slot_0, ...]`` for statement ``s`` of its stage."""
-    st = s.stage
+    """``S[iters] -> [slot_-1, leaf_0, slot_0, ...]`` for statement ``s`` of its stage (the loops of a
+    scan's part stage, once that is scheduled: its axes stand for the scan's, one for one)."""
+    st = s.stage.loops_of(s.kind)
     vals = leaf_values(st.roots, st.relations)
     names = dict(model.param_names)
     names.update({id(a): n for a, n in zip(s.iters, s.iter_names)})
+    names.update({id(a): n for a, n in zip(st.roots, s.iter_names)})
     cut = _cut(st)
     out: list[str] = []
     dims: list[IterVar | None] = []
@@ -143,10 +145,11 @@ def build_time_maps(model: PolyModel) -> TimeMaps:
     for st in reversed(sched.stages):
         if id(st) not in by_stage:
             continue
-        for leaf in st.leaves:
-            leaf_stage[id(leaf)] = st
-        counts = [0] + [len(inside.get(id(leaf), [])) for leaf in st.leaves]
         for s in by_stage[id(st)]:
+            loops = st.loops_of(s.kind)
+            for leaf in loops.leaves:
+                leaf_stage[id(leaf)] = loops
+            counts = [0] + [len(inside.get(id(leaf), [])) for leaf in loops.leaves]
             suffix, sdims = _suffix(model, s, counts)
             if st.attach == "root":
                 prefix = _const_map(s, model, [roots.index(st)])
@@ -239,16 +242,15 @@ def tail_dims(model: PolyModel, tm: TimeMaps) -> tuple[int, ...]:
     from cuvil.schedule.axes import Split, const_int
 
     dims: set[int] = set()
-    for st in model.schedule.stages:
-        stmts = [s for s in model.statements if s.stage is st]
+    for s in model.statements:
+        st = s.stage.loops_of(s.kind)
         for rel in st.relations:
             if not isinstance(rel, Split) or not any(rel.outer is a for a in st.leaves):
                 continue
             ext, f = const_int(rel.parent.extent), const_int(rel.factor)
             if ext is not None and f is not None and ext % f == 0:
                 continue
-            for s in stmts:
-                d = tm.leaf_dim(s.name, rel.outer)
-                if d is not None:
-                    dims.add(d)
+            d = tm.leaf_dim(s.name, rel.outer)
+            if d is not None:
+                dims.add(d)
     return tuple(sorted(dims))

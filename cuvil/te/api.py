@@ -327,6 +327,9 @@ def scan(init: Tensor, update: Tensor, state_placeholder: Tensor, inputs: Any = 
         init = te.compute((1, n), lambda _, i: X[0, i])
         update = te.compute((T, n), lambda t, i: s[t - 1, i] + X[t, i])
         cumsum = te.scan(init, update, s, inputs=[X])
+
+    ``s[init]`` and ``s[update]`` of a schedule are the loops inside one time step of each part
+    (split, reorder, fuse, vectorize, unroll, parallel); the time axis stays the outermost loop.
     """
     from cuvil.ir.expr import TensorRead
     from cuvil.ir.functor import ExprMutator, substitute
@@ -350,7 +353,8 @@ def scan(init: Tensor, update: Tensor, state_placeholder: Tensor, inputs: Any = 
                                  f"{state_placeholder.shape[d]}")
     axis = tuple(IterVar("int64", a.name, E.const(0, "int64"), ext, "data")
                  for a, ext in zip(update.op.axis, state_placeholder.shape))
-    op = ScanOp(name, axis, init.shape[0], E.const(0, update.dtype), E.const(0, update.dtype))
+    op = ScanOp(name, axis, init.shape[0], E.const(0, update.dtype), E.const(0, update.dtype),
+                parts=(init.op, update.op))
     out = op.output(0)
 
     class _State(ExprMutator):

@@ -134,11 +134,16 @@ class ComputeOp(Operation):
 
 class ScanOp(Operation):
     """A recurrence over the first axis (``te.scan``): ``out[t] = init[t]`` for ``t < len(init)``,
-    else ``update[t]``, where ``update`` reads the state (earlier steps of ``out``)."""
+    else ``update[t]``, where ``update`` reads the state (earlier steps of ``out``).
+
+    ``parts`` are the ``init`` and ``update`` compute ops the user passed to ``te.scan``: the schedule
+    gives each a stage of its own (``s[init]``, ``s[update]``) whose loops run inside the time steps.
+    """
 
     def __init__(self, name: str, axis: tuple[IterVar, ...], init_extent: Expr, init_body: Expr,
-                 update_body: Expr, tag: str = ""):
+                 update_body: Expr, tag: str = "", parts: tuple[ComputeOp, ComputeOp] | tuple[()] = ()):
         self.name = name
+        self.parts = parts
         self.axis = axis
         self.reduce_axis: tuple[IterVar, ...] = ()
         self.init_extent = init_extent
