@@ -40,9 +40,12 @@ _UNARY = {
     "Round": lambda c, x: te.round(x),
     "Not": lambda c, x: ~x,
     "IsNaN": lambda c, x: te.isnan(x),
+    # NaN's sign is NaN (onnxruntime, numpy): the last branch keeps x when it is not equal to itself
     "Sign": lambda c, x: te.if_then_else(x > 0, te.const(1, x.dtype),
                                          te.if_then_else(x < 0, te.const(-1, x.dtype) if x.dtype != "uint8"
-                                                         else _zero(x), _zero(x))),
+                                                         else _zero(x),
+                                                         te.if_then_else(x == x, _zero(x), x)
+                                                         if dt.is_float(x.dtype) else _zero(x))),
     "LeakyRelu": lambda c, x: te.if_then_else(x < 0, x * float(c.attr("alpha", 0.01)), x),
     "HardSigmoid": lambda c, x: te.max(_zero(x), te.min(te.const(1, x.dtype),
                                                         x * float(c.attr("alpha", 0.2)) + float(c.attr("beta", 0.5)))),

@@ -53,7 +53,8 @@ def reduce(ctx: NodeCtx) -> list:
         return [np.full(out, v, dtype)]
     X = ctx.tensor(0)
     rs = {a: te.reduce_axis((0, xs[a]), name=f"r{a}") for a in axes}
-    axis = list(rs.values())
+    # a rank-0 input reduces over no axis: one element, reduced over a unit axis its index ignores
+    axis = list(rs.values()) or [te.reduce_axis((0, 1), name="r")]
 
     def src(i: tuple[Any, ...]) -> Any:
         it = iter(i)
@@ -85,7 +86,7 @@ def reduce(ctx: NodeCtx) -> list:
     if name == "ReduceLogSumExp":  # subtract the max first: exp cannot overflow
         m = te.compute(out, lambda *i: te.max(src(i), axis=axis), name="rmax")
         rs = {a: te.reduce_axis((0, xs[a]), name=f"s{a}") for a in axes}
-        axis = list(rs.values())
+        axis = list(rs.values()) or [te.reduce_axis((0, 1), name="s")]
     r = te.compute(out, body, name="reduce")
     post = {
         "ReduceMean": lambda i: r[i] * (1.0 / n) if dt.is_float(dtype) else r[i] // n,
