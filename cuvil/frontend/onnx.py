@@ -176,7 +176,7 @@ def import_model(model: Any) -> Graph:
     nodes = []
     defined = {v.name for v in inputs} | set(inits)
     for k, n in enumerate(g.node):
-        name = n.name or f"{n.op_type}_{k}"
+        name = (n.name if isinstance(n.name, str) else n.name.decode("utf-8", "replace")) or f"{n.op_type}_{k}"
         node = Node(n.op_type, name, tuple(n.input), tuple(n.output), _attrs(n, f"{n.op_type} node {name!r}"),
                     n.domain)
         for x in node.inputs:
@@ -244,7 +244,7 @@ def check_model(model: Any) -> int:
             raise ModelError("an initializer has no name")
         check_tensor(t, f"initializer {t.name!r}")
     for k, n in enumerate(g.node):
-        for field in ("op_type", "domain", "name"):
+        for field in ("op_type", "domain"):  # a name is only a label (onnxruntime runs a node named in bytes)
             if not isinstance(getattr(n, field), str):  # protobuf hands back bytes that are not UTF-8
                 raise ModelError(f"node {k}: its {field} {getattr(n, field)!r} is not UTF-8 text")
         _check_attributes(n, f"{n.op_type} node {n.name or f'{n.op_type}_{k}'!r}", opset)

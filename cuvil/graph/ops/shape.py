@@ -25,6 +25,8 @@ def _prod(xs: Any) -> int:
 @op("Reshape")
 def reshape(ctx: NodeCtx) -> list:
     src = ctx.shape(0)
+    if ctx.opset >= 5 and len(ctx.shape(1)) != 1:
+        raise ctx.error(f"the shape input must be a 1-D tensor, got shape {list(ctx.shape(1))}")
     spec = ctx.ints(1) if ctx.opset >= 5 else list(ctx.attr("shape"))
     allowzero = int(ctx.attr("allowzero", 0))
     out = [src[d] if s == 0 and not allowzero and d < len(src) else s for d, s in enumerate(spec)]
