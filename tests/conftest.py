@@ -60,10 +60,11 @@ def fresh_kernels(monkeypatch):
     clear_kernels()
 
 
-@pytest.fixture(scope="module", params=["te", "auto"])
+@pytest.fixture(scope="module", params=os.environ.get("CUVIL_E2E_SCHEDULES", "te,auto").split(","))
 def each_schedule(request):
     """Every program a module builds through ``reference.build`` / ``compile_and_run``, built twice: in
-    the te order and under ``auto_schedule`` (``pytestmark = pytest.mark.usefixtures("each_schedule")``)."""
+    the te order and under ``auto_schedule`` (``pytestmark = pytest.mark.usefixtures("each_schedule")``;
+    ``CUVIL_E2E_SCHEDULES=te`` keeps one, as the CUDA suite's subprocess does)."""
     import reference
 
     reference.SCHEDULE = request.param
