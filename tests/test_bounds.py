@@ -423,3 +423,24 @@ def test_no_error_program_segfaults_in_a_subprocess(tmp_path):
         "    print('refused')\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and "refused" in out.stdout, out.stderr[-2000:]
+
+
+def test_a_proof_isl_gives_up_on_does_not_stop_the_build(monkeypatch, caplog) -> None:
+    import logging
+
+    from cuvil.errors import IslBudgetError
+    from cuvil.schedule import bounds
+
+    def give_up(self):
+        raise IslBudgetError("isl gave up (simulated)")
+
+    monkeypatch.setattr(bounds._Prover, "run", give_up)
+    monkeypatch.setattr(bounds, "_PROVED", {})
+    A = te.placeholder((12,), name="A_budget")
+    B = te.compute((12,), lambda i: A[i] * 2.0, name="B_budget")
+    with caplog.at_level(logging.WARNING, logger="cuvil.schedule"):
+        mod = cuvil.build(te.create_schedule([B]), [A, B])
+    assert any("not proved in bounds" in r.getMessage() for r in caplog.records)
+    a, b = np.arange(12, dtype=np.float32), np.zeros(12, np.float32)
+    mod(a, b)
+    np.testing.assert_array_equal(b, a * 2)

@@ -25,12 +25,13 @@ not quasi-affine (read from memory, computed in floats, a select) is left to the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import islpy as isl
 
-from cuvil.errors import ShapeError
+from cuvil.errors import IslBudgetError, ShapeError
 from cuvil.ir import expr as E
 from cuvil.ir.expr import Binary, Const, Expr, Select, TensorRead, Unary, Var
 from cuvil.ir.functor import children
@@ -38,6 +39,7 @@ from cuvil.ir.stmt import CheckSite
 from cuvil.schedule.model import PolyModel, Statement, isl_aff, isl_budget
 from cuvil.te.tensor import PlaceholderOp, Tensor
 
+log = logging.getLogger("cuvil.schedule")
 _ISL_CMP = {"eq": "=", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _PROVED: dict[tuple[int, ...], tuple[tuple[Any, ...], list[tuple[Expr, CheckSite]]]] = {}
 
@@ -55,9 +57,14 @@ def prove_bounds(args: Sequence[Any], name: str) -> list[tuple[Expr, CheckSite]]
     hit = _PROVED.get(key)
     if hit is not None and all(a is b.op for a, b in zip(hit[0], outputs)):
         return hit[1]  # the tuner lowers one program under many schedules
-    with isl_budget(f"proving the accesses of {name} in bounds"):
-        model = _ProofModel(Schedule(outputs))
-        entry = _Prover(model).run()
+    try:
+        with isl_budget(f"proving the accesses of {name} in bounds"):
+            model = _ProofModel(Schedule(outputs))
+            entry = _Prover(model).run()
+    except IslBudgetError as exc:  # a proof isl gives up on must not stop a program that lowers
+        log.warning("%s: its accesses are not proved in bounds (%s); data-dependent indices are still "
+                    "checked when it runs", name, str(exc).splitlines()[0])
+        entry = []
     if len(_PROVED) > 256:
         _PROVED.clear()
     _PROVED[key] = (tuple(t.op for t in outputs), entry)

@@ -50,8 +50,6 @@ def _check_known(ctx: NodeCtx, i: int, bounds: Sequence[int] | int) -> None:
         raise ctx.error(f"index {int(v[at])} at {list(at)} of input {i} is out of range for a dimension of size {lim}")
 
 
-
-
 def _reduction(ctx: NodeCtx) -> str:
     r = ctx.attr("reduction", "none")
     r = r.decode() if isinstance(r, bytes) else str(r)
