@@ -1,4 +1,4 @@
-"""Faulty build and call functions for tests/test_autotune_measure.py (module level: the tuner's spawned
+"""Faulty build and call functions for tests/test_autotune_measure.py (module level: the tuner's
 worker processes import them by name)."""
 
 from __future__ import annotations

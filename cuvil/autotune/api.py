@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import multiprocessing
 import os
 import sys
 import tempfile
@@ -34,11 +33,6 @@ from cuvil.errors import ArgumentError, CuvilError
 
 log = logging.getLogger("cuvil.autotune")
 
-
-
-SPAWN_HINT = ("tune() builds and measures in worker processes started with 'spawn', which import the calling "
-              "script again: a script that calls tune() at its top level must do so under "
-              "`if __name__ == \"__main__\":`")
 
 @dataclass
 class TuneResult:
@@ -124,7 +118,10 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
     (refused, crashed, hung, wrong output) counts as a trial.  ``num_threads`` (default: cuvil's
     thread count) is the thread count candidates run with; records are kept per thread count.
     ``search`` is "evolutionary" (model-guided) or "random"; ``inputs`` replaces the random inputs
-    (one array per input tensor); ``builder`` / ``runner`` replace the local process-based ones.
+    (one array per input tensor); ``builder`` / ``runner`` replace the local process-based ones (fresh
+    interpreters: ``tune`` works at a script's top level and inside a daemonic process).  Progress (trials,
+    best so far, failures, ETA) goes to stderr: one updating line on a terminal, a line per batch otherwise
+    (a notebook, a pipe); ``progress=False`` turns it off.
 
     A run ends with a final round when anything was measured since the workload's last one: the
     ``final_top`` best records (by their time relative to the untuned schedule during the run) and the
@@ -146,8 +143,6 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
     if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
                                     or num_threads < 1):
         raise ArgumentError(f"tune: num_threads must be a positive int or None, got {num_threads!r}")
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
-        raise CuvilError(SPAWN_HINT)  # a worker starting up imports the user's script, which calls tune()
     tgt = target if isinstance(target, Target) else Target(target)
     if tgt.kind != "llvm" or not tgt.is_host:
         raise ArgumentError(f"tune: measuring needs this machine's CPU ('llvm'); {tgt.canonical!r} would need a "
@@ -195,13 +190,17 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
             database.close()
 
 
-def _progress(flag: bool | None) -> bool:
-    return sys.stderr.isatty() if flag is None else flag
+def _progress(flag: bool | None) -> str:
+    """How a run reports on stderr: "line" (one line kept up to date: a terminal), "log" (a line per batch:
+    a notebook, a pipe, a log file) or "" (``progress=False``)."""
+    if flag is False:
+        return ""
+    return "line" if sys.stderr.isatty() else "log"
 
 
 def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: int, db: Database, space: Space,
           strategy: Search, builder: Builder, runner: Runner, inputs: list[np.ndarray], shapes: list[Any],
-          tmp: str, batch: int, show: bool, adapt: bool = False) -> tuple[TuneResult, dict[str, BuildResult]]:
+          tmp: str, batch: int, show: str, adapt: bool = False) -> tuple[TuneResult, dict[str, BuildResult]]:
     runner.set_inputs(inputs, [(shape, dtype) for _, shape, dtype, is_in in shapes if not is_in])
     default = space.default()
     best = db.best(wl.key, wl.target, threads)
@@ -237,9 +236,7 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
             # the untuned schedule's outputs are the reference every candidate must match
             ref_build = builds[0]
             if ref_build.status != "ok":
-                hint = f" ({SPAWN_HINT})" if "crashed" in (ref_build.error or "") else ""
-                raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not build: {ref_build.error}"
-                                 + hint)
+                raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not build: {ref_build.error}")
             ref = runner.reference(ref_build)
             if ref.status != "ok":
                 raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not run: {ref.error}")
@@ -279,8 +276,11 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
             rate = f" ({wl.flops / best_s / 1e9:.1f} GFLOP/s)" if best_s and wl.flops else ""
             best_txt = f"{best_s * 1e3:.3f} ms{rate}, {1 / best_rel:.2f}x the untuned" if best_s and best_rel \
                 else "none yet"
-            print(f"\r[cuvil tune {wl.key}] {done}/{trials} trials, best {best_txt}, {failed} failed, "
-                  f"eta {eta:.0f} s   ", end="" if done < trials else "\n", file=sys.stderr, flush=True)
+            text = f"[cuvil tune {wl.key}] {done}/{trials} trials, best {best_txt}, {failed} failed, eta {eta:.0f} s"
+            if show == "line":
+                print(f"\r{text}   ", end="" if done < trials else "\n", file=sys.stderr, flush=True)
+            else:
+                print(text, file=sys.stderr, flush=True)
     return _result(db, wl, threads, measured, failed, curve, untuned), kept
 
 
@@ -315,7 +315,7 @@ def _confirm(runner: Runner, builds: Sequence[BuildResult], results: list[RunRes
 
 
 def _final_round(wl: Workload, threads: int, db: Database, space: Space, builder: Builder, runner: Runner,
-                 kept: dict[str, BuildResult], tmp: str, top: int, rounds: int, show: bool) -> list[tuple[dict, float]]:
+                 kept: dict[str, BuildResult], tmp: str, top: int, rounds: int, show: str) -> list[tuple[dict, float]]:
     """Time the ``top`` best records (by in-run relative time), the database's best so far and the untuned
     schedule against each other (see :func:`tune`); record the round; the finalists fastest first."""
     if not hasattr(runner, "final"):

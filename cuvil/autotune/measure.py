@@ -5,8 +5,9 @@ Two interfaces, so measurements can move to remote boards later:
 - a :class:`Builder` turns configurations into shared libraries (``build(jobs)``);
 - a :class:`Runner` loads them, checks their output and times them (``run(builds)``).
 
-The local ones start their processes with multiprocessing's ``spawn`` context (never
-``fork``: the tuner's process may hold threads and LLVM state).  :class:`LocalBuilder`
+The local ones start their processes as fresh interpreters (``python -m cuvil.autotune.worker``;
+never ``fork``: the tuner's process may hold threads and LLVM state; nor multiprocessing's ``spawn``,
+which imports the caller's script again and cannot start from a daemonic process).  :class:`LocalBuilder`
 keeps one worker per core, each with the te program unpickled once, and compiles a batch
 in parallel; :class:`LocalRunner` keeps one process that loads each library
 (``cuvil.runtime.load``: no LLVM in it), runs it on the tuner's inputs, compares the
@@ -22,8 +23,12 @@ themselves run is in :mod:`cuvil.autotune.worker`.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +38,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from cuvil.autotune.space import Config
-from cuvil.autotune.worker import _builder_main, _runner_main, build_library, call_module, dump_program, loop_summary
+from cuvil.autotune.worker import build_library, call_module, dump_program, loop_summary
 
 __all__ = ["BuildJob", "BuildResult", "RunResult", "Builder", "Runner", "LocalBuilder", "LocalRunner",
            "build_library", "call_module", "dump_program", "loop_summary"]
@@ -87,38 +92,46 @@ def _cores() -> int:
 
 
 # -- the parent's side ------------------------------------------------------------------------------
-def _ctx() -> Any:
-    return mp.get_context("spawn")
-
-
 class _Proc:
-    """One worker process and its pipe; restarted when it dies or is killed."""
+    """One worker process and its connection; restarted when it dies or is killed.
 
-    def __init__(self, target: Callable[..., Any], args: tuple[Any, ...]):
-        self.target, self.args = target, args
-        self.proc: Any = None
+    The worker is a fresh interpreter (``python -m cuvil.autotune.worker FD``), not a fork or a
+    multiprocessing child: it imports nothing of the caller's script, and a daemonic process (a Dask
+    worker's) may start it.  It talks over one end of a local socket pair, with pickled, length-prefixed
+    messages (:class:`multiprocessing.connection.Connection`); its first message names what it runs."""
+
+    def __init__(self, role: str, args: tuple[Any, ...]):
+        self.role, self.args = role, args
+        self.proc: subprocess.Popen[bytes] | None = None
         self.conn: Connection | None = None
 
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def ensure(self) -> Connection:
-        if self.proc is None or not self.proc.is_alive():
+        if not self.alive():
             self.stop()
-            ctx = _ctx()
-            parent, child = ctx.Pipe()
-            self.proc = ctx.Process(target=self.target, args=(child, *self.args), daemon=True)
-            self.proc.start()
-            child.close()
-            self.conn = parent
+            ours, theirs = socket.socketpair()
+            root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+            with theirs:
+                self.proc = subprocess.Popen([sys.executable, "-m", "cuvil.autotune.worker", str(theirs.fileno())],
+                                             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
+            self.conn = Connection(ours.detach())
+            # the caller's import path first (so build_fn / call_fn import by name as they do here), then
+            # the role and its arguments, unpickled after the path is set
+            self.conn.send((list(sys.path), self.role, pickle.dumps(self.args)))
         assert self.conn is not None
         return self.conn
 
     def exit_reason(self) -> str:
         if self.proc is None:
             return "no process"
-        self.proc.join(1.0)
-        code = self.proc.exitcode
-        if code is not None and code < 0:
-            import signal
-
+        try:
+            code = self.proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            return "still running"
+        if code < 0:
             try:
                 return f"killed by signal {signal.Signals(-code).name}"
             except ValueError:
@@ -127,31 +140,32 @@ class _Proc:
 
     def stop(self, kill: bool = False) -> None:
         if self.proc is not None:
-            if kill and self.proc.is_alive():
+            if kill and self.alive():
                 self.proc.kill()
-            elif self.proc.is_alive() and self.conn is not None:
+            elif self.alive() and self.conn is not None:
                 try:
                     self.conn.send(None)
                 except (OSError, ValueError):
                     pass
-            self.proc.join(2.0)
-            if self.proc.is_alive():
+            try:
+                self.proc.wait(2.0)
+            except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.join(2.0)
+                self.proc.wait(2.0)
         if self.conn is not None:
             self.conn.close()
         self.proc, self.conn = None, None
 
 
 class LocalBuilder:
-    """Compiles candidates in ``workers`` spawned processes (default: the cores), ``timeout_s`` each."""
+    """Compiles candidates in ``workers`` worker processes (default: the cores), ``timeout_s`` each."""
 
     def __init__(self, args: Sequence[Any], target: str, workers: int | None = None, timeout_s: float = 10.0,
                  build_fn: Callable[..., Any] = build_library):
         payload = dump_program(args)
         n = workers or _cores()
         self.timeout_s = timeout_s
-        self.workers = [_Proc(_builder_main, (payload, target, build_fn)) for _ in range(max(1, n))]
+        self.workers = [_Proc("builder", (payload, target, build_fn)) for _ in range(max(1, n))]
 
     def build(self, jobs: Sequence[BuildJob]) -> list[BuildResult]:
         results: dict[int, BuildResult] = {}
@@ -199,7 +213,7 @@ class LocalBuilder:
 
 
 class LocalRunner:
-    """Measures candidates one at a time in one spawned process, ``timeout_s`` per candidate."""
+    """Measures candidates one at a time in one worker process, ``timeout_s`` per candidate."""
 
     def __init__(self, threads: int = 1, timeout_s: float = 10.0, repeat: int = 5, min_run_s: float = 0.01,
                  flush_bytes: int | None = None, call_fn: Callable[..., Any] = call_module):
@@ -208,7 +222,7 @@ class LocalRunner:
 
             flush_bytes = min(256 << 20, max(8 << 20, 2 * Target("llvm").l3_size))
         self.timeout_s, self.repeat, self.min_run_s = timeout_s, repeat, min_run_s
-        self.proc = _Proc(_runner_main, (threads, flush_bytes, call_fn))
+        self.proc = _Proc("runner", (threads, flush_bytes, call_fn))
         self.inputs: list[Any] = []
         self.specs: list[tuple[tuple[int, ...], str]] = []
         self.ref: list[np.ndarray] | None = None
@@ -223,9 +237,10 @@ class LocalRunner:
 
     def _start(self) -> Connection:
         """The runner's pipe; a fresh process is sent the inputs (its reply is read before the next request)."""
-        fresh = self.proc.proc is None or not self.proc.proc.is_alive()
+        fresh = not self.proc.alive()
         conn = self.proc.ensure()
         if fresh:
+            self._acks = 0  # a process that died (killed between requests, say) owes no more replies
             self._send_inputs(conn)
         return conn
 

@@ -1,9 +1,10 @@
 """What the tuner's worker processes run: building a candidate's library, and checking and timing libraries.
 
-:mod:`cuvil.autotune.measure` starts these functions in spawned processes: ``_builder_main`` (one per
-core; it unpickles the te program once and builds each configuration it is sent) and ``_runner_main``
-(one process: loads each library with :func:`cuvil.runtime.load`, runs it on the tuner's inputs, compares
-the output with the reference and times it).  Timing: a warm-up call, then rounds of ``number`` calls (a
+:mod:`cuvil.autotune.measure` starts them as fresh interpreters, ``python -m cuvil.autotune.worker FD``
+(:func:`main`; FD is its end of a socket pair), in two roles: ``_builder_main`` (one per core; it
+unpickles the te program once and builds each configuration it is sent) and ``_runner_main`` (one
+process: loads each library with :func:`cuvil.runtime.load`, runs it on the tuner's inputs, compares the
+output with the reference and times it).  Timing: a warm-up call, then rounds of ``number`` calls (a
 run of at least ``min_run_s``), each after writing a buffer larger than the last-level cache, the
 candidate in turns with the untuned schedule; medians.  The final round of a tuning run times several
 libraries against each other the same way (:func:`_final_round`).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -315,3 +317,25 @@ def _time(mod: Any, arrays: list[Any], trial: int, call_fn: Callable[..., Any], 
         if r:
             ratios.append(t / r)
     return float(np.median(times)), (float(np.median(ratios)) if ratios else None)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """A worker process: ``python -m cuvil.autotune.worker FD``.  The first message on the connection FD is
+    the parent's import path, the role ("builder" or "runner") and its arguments, pickled; then the role's
+    loop serves requests until the parent sends None or goes away."""
+    fd = int((argv if argv is not None else sys.argv[1:])[0])
+    conn = Connection(fd)
+    try:
+        path, role, args = conn.recv()
+    except (EOFError, OSError):
+        return
+    sys.path[:] = path  # build_fn / call_fn import by name, as in the parent
+    entry = {"builder": _builder_main, "runner": _runner_main}[role]
+    try:
+        entry(conn, *pickle.loads(args))
+    except (BrokenPipeError, ConnectionResetError):  # the tuner went away mid-request (killed): nothing to say
+        pass
+
+
+if __name__ == "__main__":
+    main()
