@@ -222,6 +222,7 @@ class LocalRunner:
 
             flush_bytes = min(256 << 20, max(8 << 20, 2 * Target("llvm").l3_size))
         self.timeout_s, self.repeat, self.min_run_s = timeout_s, repeat, min_run_s
+        self.budget_s: float | None = None  # seconds of timing per candidate in run(); None: timeout_s / 3
         self.proc = _Proc("runner", (threads, flush_bytes, call_fn))
         self.inputs: list[Any] = []
         self.specs: list[tuple[tuple[int, ...], str]] = []
@@ -234,6 +235,14 @@ class LocalRunner:
         self.proc.stop()
         self._acks = 0
         self._start()  # boots while the first batch builds
+
+    def set_reference(self, outputs: Sequence[Any] | None, path: str) -> None:
+        """Use ``outputs`` as the reference and the library at ``path`` as the untuned schedule, without
+        running it here (a board is sent the reference computed once for every board of its kind)."""
+        self.ref = None if outputs is None else [np.asarray(o) for o in outputs]
+        self.ref_path = path
+        if self.proc.alive():  # else the next start sends them
+            self._send_inputs(self.proc.ensure())
 
     def _start(self) -> Connection:
         """The runner's pipe; a fresh process is sent the inputs (its reply is read before the next request)."""
@@ -291,7 +300,7 @@ class LocalRunner:
                 out.append(RunResult(b.status, None, b.error))
                 continue
             opts = {"repeat": self.repeat, "min_run_s": self.min_run_s, "best_rel": best_rel,
-                    "budget_s": max(0.5, self.timeout_s / 3)}
+                    "budget_s": self.budget_s or max(0.5, self.timeout_s / 3)}
             status, value, err = self._ask(("run", b.path, b.trial, opts))
             if status != "ok":
                 out.append(RunResult(status, None, err))
