@@ -139,16 +139,18 @@ def lower(s: Schedule, args: Sequence[Any], name: str = "main", bounds_checks: b
 
 
 def build(s: Schedule, args: Sequence[Any], target: Any = "llvm", name: str = "main",
-          tuning_db: Any = None, bounds_checks: bool = True) -> Any:
+          tuning_db: Any = None, bounds_checks: bool = True, board: str | None = None) -> Any:
     """Compile schedule ``s`` into a callable module for ``target``; ``bounds_checks=False`` leaves out
-    the run-time bounds checks (indices read from memory; the proof's conditions on sizes)."""
+    the run-time bounds checks (indices read from memory; the proof's conditions on sizes).  With
+    ``tuning_db``, the best record replaces ``s``: of board kind ``board`` when given, else this host's (or,
+    for another target, a board's of that target; see :mod:`cuvil.autotune.replay`)."""
     from cuvil.runtime.module import Module
     from cuvil.target import Target
 
     if tuning_db is not None:  # the best tuned schedule of this program replaces s, if there is one
         from cuvil.autotune.replay import apply_best
 
-        s = apply_best(s, args, target, tuning_db)
+        s = apply_best(s, args, target, tuning_db, board)
     func = lower(s, args, name=name, bounds_checks=bounds_checks)
     tgt = target if isinstance(target, Target) else Target(target)
     if tgt.kind == "cuda":  # CUDA C -> NVRTC -> PTX (cuvil.codegen.cuda)

@@ -27,6 +27,7 @@ _LAZY = {
     "apply_best": ("cuvil.autotune.replay", "apply_best"),
     "LocalBuilder": ("cuvil.autotune.measure", "LocalBuilder"),
     "LocalRunner": ("cuvil.autotune.measure", "LocalRunner"),
+    "DaskRunner": ("cuvil.autotune.dask_runner", "DaskRunner"),  # imports distributed: only when asked for
 }
 
 __all__ = sorted(_LAZY)

@@ -9,6 +9,12 @@ counts what is there and goes on.  Rows are filed under the workload key
     db.best(key, target, threads)           # the fastest correct record, or None
     db.count(key, target, threads)          # trials spent so far (failures count)
     db.export_jsonl("log.jsonl"); db.import_jsonl("log.jsonl")   # share logs between machines
+    db.on("rpi5").best(key, target, threads)   # the records measured on boards of kind rpi5
+
+Each record names the board kind that measured it (``board``; "" for this host, the local runner's, and
+for every record of a database written before boards existed).  A database object reads and writes
+one board kind's records when it is scoped with :meth:`Database.on` (the tuner scopes it to its runner's
+board); unscoped, it reads every board's and writes host records.
 
 A record's ``config`` is the knob setting (JSON), ``trace`` the schedule's steps
 (:func:`cuvil.schedule.trace.trace_to_json`) and ``names`` the canonical -> actual
@@ -17,6 +23,7 @@ names of the program that was tuned (to replay the trace on a renamed copy).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sqlite3
@@ -30,7 +37,8 @@ from cuvil.errors import ArgumentError, CuvilError
 
 FINAL_MARGIN = 0.03  # a final round's winner must beat the untuned schedule by this much to replace it (timing
 # the same kernels in the runner and in the user's process differs by a few percent on this machine)
-STATUSES = ("ok", "build_error", "build_timeout", "build_crash", "run_error", "run_timeout", "run_crash", "wrong")
+STATUSES = ("ok", "build_error", "build_timeout", "build_crash", "run_error", "run_timeout", "run_crash", "wrong",
+            "run_lost")  # run_lost: the board measuring it died, and so did the one it was rerouted to
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -53,7 +61,8 @@ CREATE TABLE IF NOT EXISTS records (
     final_time_s REAL,
     final_ref_s REAL,
     final_round REAL,
-    UNIQUE (workload, target, threads, config_hash)
+    board TEXT NOT NULL DEFAULT '',
+    UNIQUE (workload, target, threads, board, config_hash)
 );
 CREATE INDEX IF NOT EXISTS records_by_key ON records (workload, target, threads, status, time_s);
 """
@@ -81,6 +90,7 @@ class Record:
     final_time_s: float | None = None  # median seconds in that round
     final_ref_s: float | None = None  # the untuned schedule's seconds implied by the median ratio in that round
     final_round: float | None = None  # when that round was (it identifies the round)
+    board: str = ""  # the board kind that measured it ("": this host, the local runner)
 
     @property
     def ok(self) -> bool:
@@ -113,6 +123,8 @@ class DatabaseError(CuvilError):
 class Database:
     """Tuning records in an SQLite file (``":memory:"`` for a throw-away one)."""
 
+    board: str | None = None  # the board kind read and written (None: every kind read, host records written)
+
     def __init__(self, path: str | os.PathLike[str] = "cuvil-tuning.db"):
         if not isinstance(path, (str, os.PathLike)):
             raise ArgumentError(f"the tuning database is a file path, got {type(path).__name__}")
@@ -121,12 +133,16 @@ class Database:
             self.conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
             if self.path != ":memory:":
                 self.conn.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode: a committed record survives kill -9 of the tuner (only a power loss may
+            # take the last commits); FULL would fsync every record
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.executescript(_SCHEMA)
             have = {row[1] for row in self.conn.execute("PRAGMA table_info(records)")}
             for col in ("ref_time_s", "final_time_s", "final_ref_s", "final_round"):  # files of older cuvils
                 if col not in have:
                     self.conn.execute(f"ALTER TABLE records ADD COLUMN {col} REAL")
+            if "board" not in have:
+                _add_board_column(self.conn)
             row = self.conn.execute("SELECT value FROM meta WHERE name='schema'").fetchone()
             if row is None:
                 self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
@@ -135,6 +151,15 @@ class Database:
                                     f"schema {SCHEMA_VERSION}: use another file (or export and re-tune)")
         except sqlite3.DatabaseError as exc:
             raise DatabaseError(f"cannot open the tuning database {self.path!r}: {exc}") from None
+
+    def on(self, board: str | None) -> Database:
+        """This database scoped to the records of board kind ``board`` ("" for this host's, None for every
+        kind's when reading); it shares the connection (closing either closes both)."""
+        if board is not None and not isinstance(board, str):
+            raise ArgumentError(f"a board kind is a name (str), got {type(board).__name__}")
+        view = copy.copy(self)
+        view.board = board
+        return view
 
     def close(self) -> None:
         """Close the connection (every record is committed already)."""
@@ -156,11 +181,12 @@ class Database:
                 cur = self.conn.execute(
                     "INSERT OR IGNORE INTO records (workload, target, threads, config_hash, config, status, time_s,"
                     " trace, names, features, error, flops, created, ref_time_s, final_time_s, final_ref_s,"
-                    " final_round) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    " final_round, board) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (r.workload, r.target, int(r.threads), r.config_hash, json.dumps(r.config, sort_keys=True),
                      r.status, r.time_s, r.trace, json.dumps(r.names, sort_keys=True),
                      json.dumps(r.features, sort_keys=True), r.error[:4000], float(r.flops),
-                     r.created or time.time(), r.ref_time_s, r.final_time_s, r.final_ref_s, r.final_round))
+                     r.created or time.time(), r.ref_time_s, r.final_time_s, r.final_ref_s, r.final_round,
+                     r.board or self.board or ""))
             return cur.rowcount == 1
         except sqlite3.DatabaseError as exc:
             raise DatabaseError(f"cannot write to the tuning database {self.path!r}: {exc}") from None
@@ -174,8 +200,8 @@ class Database:
             with self._transaction():
                 for h, t, ref in results:
                     self.conn.execute("UPDATE records SET final_time_s=?, final_ref_s=?, final_round=? WHERE "
-                                      "workload=? AND target=? AND threads=? AND config_hash=?",
-                                      (t, ref, stamp, workload, target, int(threads), h))
+                                      "workload=? AND target=? AND threads=? AND board=? AND config_hash=?",
+                                      (t, ref, stamp, workload, target, int(threads), self.board or "", h))
         except sqlite3.DatabaseError as exc:
             raise DatabaseError(f"cannot write to the tuning database {self.path!r}: {exc}") from None
         return stamp
@@ -195,12 +221,12 @@ class Database:
 
     # -- reading --------------------------------------------------------------------------
     _COLS = "workload, target, threads, config_hash, config, status, time_s, trace, names, features, error, " \
-            "flops, created, ref_time_s, final_time_s, final_ref_s, final_round"
+            "flops, created, ref_time_s, final_time_s, final_ref_s, final_round, board"
 
     def _record(self, row: tuple[Any, ...]) -> Record:
-        w, t, th, h, cfg, st, ts, tr, nm, ft, err, fl, cr, ref, fts, frs, frd = row
+        w, t, th, h, cfg, st, ts, tr, nm, ft, err, fl, cr, ref, fts, frs, frd, bd = row
         return Record(w, t, th, h, json.loads(cfg), st, ts, tr, json.loads(nm), json.loads(ft), err, fl, cr, ref,
-                      fts, frs, frd)
+                      fts, frs, frd, bd)
 
     def records(self, workload: str | None = None, target: str | None = None,
                 threads: int | None = None) -> list[Record]:
@@ -254,14 +280,19 @@ class Database:
 
     def thread_counts(self, workload: str, target: str) -> list[int]:
         """The thread counts with a correct record of the workload for the target."""
-        rows = self.conn.execute("SELECT DISTINCT threads FROM records WHERE workload=? AND target=? "
-                                 "AND status='ok'", (workload, target)).fetchall()
+        where, params = self._where(workload, target, None)
+        rows = self.conn.execute(f"SELECT DISTINCT threads FROM records{where} AND status='ok'", params).fetchall()
         return sorted(int(r[0]) for r in rows)
 
-    @staticmethod
-    def _where(workload: str | None, target: str | None, threads: int | None) -> tuple[str, list[Any]]:
+    def boards(self, workload: str, target: str) -> list[str]:
+        """The board kinds with a correct record of the workload for the target ("" is this host)."""
+        rows = self.conn.execute("SELECT DISTINCT board FROM records WHERE workload=? AND target=? AND status='ok'",
+                                 (workload, target)).fetchall()
+        return sorted(str(r[0]) for r in rows)
+
+    def _where(self, workload: str | None, target: str | None, threads: int | None) -> tuple[str, list[Any]]:
         conds, params = ["1=1"], []
-        for col, val in (("workload", workload), ("target", target), ("threads", threads)):
+        for col, val in (("workload", workload), ("target", target), ("threads", threads), ("board", self.board)):
             if val is not None:
                 conds.append(f"{col}=?")
                 params.append(val)
@@ -282,6 +313,27 @@ class Database:
         for r in read_jsonl(path):
             new += self.add(r)
         return new
+
+
+def _add_board_column(conn: sqlite3.Connection) -> None:
+    """Migrate a database of an older cuvil: records gain the board kind that measured them ("": this host,
+    which measured every one of them), and the board joins the key a configuration is unique under (SQLite
+    cannot change a constraint in place: the table is copied, in one transaction)."""
+    old = "workload, target, threads, config_hash, config, status, time_s, ref_time_s, trace, names, features, " \
+          "error, flops, created, final_time_s, final_ref_s, final_round"
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("ALTER TABLE records RENAME TO records_old")
+        conn.execute("DROP INDEX IF EXISTS records_by_key")
+        for stmt in _SCHEMA.split(";"):
+            if "records" in stmt and stmt.strip():
+                conn.execute(stmt)
+        conn.execute(f"INSERT INTO records (id, {old}, board) SELECT id, {old}, '' FROM records_old")
+        conn.execute("DROP TABLE records_old")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> Iterator[Record]:

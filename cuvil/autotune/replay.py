@@ -8,6 +8,13 @@ so (logger ``cuvil.autotune``); a record that no longer replays is a fallback of
 (``s.fallbacks``, logger ``cuvil.schedule``).  Names in the trace are translated when this program spells
 its tensors or axes differently from the tuned one.
 With no record, ``s`` is returned unchanged and the build is what it would have been.
+
+Which board's records (:func:`scope`): ``board=NAME`` (or a database scoped with
+``Database.on(NAME)``) takes the records that boards of kind NAME measured.  Without it, this
+host's own records first, then those of any board whose compile target is the one asked for (the target is
+part of the key: a board with this host's CPU tunes for ``"llvm"`` itself; an AArch64 board's records
+serve ``target="llvm -mtriple=aarch64-linux-gnu ..."``).  Records of databases written before boards
+existed are host records.
 """
 
 from __future__ import annotations
@@ -70,8 +77,37 @@ def translate(steps: Sequence[Any], recorded: dict[str, str], here: dict[str, st
     return tuple(out)
 
 
-def apply_best(s: Any, args: Sequence[Any], target: Any, tuning_db: Any) -> Any:
-    """The schedule ``build`` should compile: the best record's trace replayed on a fresh schedule, or ``s``."""
+def scope(db: Any, board: str | None) -> list[Any]:
+    """The views of ``db`` to look in, in order: the board kind asked for (``board``, else the one ``db`` is
+    scoped to), or, when neither names one, this host's records and then every board's."""
+    if board is not None:
+        return [db.on(board)]
+    if db.board is not None:
+        return [db]
+    return [db.on(""), db.on(None)]
+
+
+def _best(db: Any, wl: Any, threads: int) -> Any:
+    """The best record of ``wl`` in ``db`` (one board scope): the current thread count's, else any count's;
+    the current knob space's, else an older one's."""
+    for n, key in enumerate((wl.key, *wl.older_keys)):  # the current knob space's records first
+        rec = db.best(key, wl.target, threads)
+        if rec is None:
+            rec = db.best(key, wl.target)
+            if rec is not None:
+                log.info("tuning_db: no record of %s at %d threads; using the best at %d threads",
+                         wl.describe(), threads, rec.threads)
+        if rec is not None:
+            if n:
+                log.info("tuning_db: %s has records of an older knob space only (key %s); replaying its best",
+                         wl.describe(), key)
+            return rec
+    return None
+
+
+def apply_best(s: Any, args: Sequence[Any], target: Any, tuning_db: Any, board: str | None = None) -> Any:
+    """The schedule ``build`` should compile: the best record's trace replayed on a fresh schedule, or ``s``.
+    ``board`` names the board kind whose records count (see the module doc)."""
     from cuvil.autotune.database import Database
     from cuvil.autotune.workload import workload_of
     from cuvil.runtime.threads import get_num_threads
@@ -87,24 +123,22 @@ def apply_best(s: Any, args: Sequence[Any], target: Any, tuning_db: Any) -> Any:
             log.info("tuning_db %s does not exist: building the given schedule", os.fspath(tuning_db))
             return s
         db, owned = Database(tuning_db), True
+    elif hasattr(tuning_db, "best") and hasattr(tuning_db, "on"):  # a Database scoped to a board
+        db, owned = tuning_db, False
     else:
         raise ArgumentError(f"tuning_db must be a path or a cuvil.autotune.Database, got {type(tuning_db).__name__}")
+    if board is not None and not isinstance(board, str):
+        raise ArgumentError(f"board must be a board kind's name (str), got {type(board).__name__}")
     try:
         wl = workload_of(args, target)
         threads = get_num_threads()
         rec = None
-        for n, key in enumerate((wl.key, *wl.older_keys)):  # the current knob space's records first
-            rec = db.best(key, wl.target, threads)
-            if rec is None:
-                rec = db.best(key, wl.target)
-                if rec is not None:
-                    log.info("tuning_db: no record of %s at %d threads; using the best at %d threads",
-                             wl.describe(), threads, rec.threads)
+        for view in scope(db, board):
+            rec = _best(view, wl, threads)
             if rec is not None:
-                if n:
-                    log.info("tuning_db: %s has records of an older knob space only (key %s); replaying its best",
-                             wl.describe(), key)
                 break
+        if rec is not None and rec.board:
+            log.info("tuning_db: %s: replaying a record measured on board %r", wl.describe(), rec.board)
         if rec is None:
             log.info("tuning_db: no record of %s: building the given schedule", wl.describe())
             return s
