@@ -54,7 +54,7 @@ from llvmlite import ir
 
 from cuvil import dtype as dt
 from cuvil.codegen.llvm_expr import I32, I64, InternalError, mem_type, reg_type
-from cuvil.ir.expr import INDEX_CHECK, Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
+from cuvil.ir.expr import DOT4, INDEX_CHECK, Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from cuvil.ir.functor import children, structural_equal, walk
 from cuvil.ir.stmt import Block, For, If, LetStmt, Stmt, Store
 
@@ -67,6 +67,21 @@ MAX_REGS = 8  # a constant-extent vector loop uses vectors of up to this many re
 def simd_bits(target: Any) -> int:
     """The vector register width cuvil generates code for on ``target`` (0: no SIMD)."""
     return min(target.vector_bits, PREFERRED_BITS)
+
+
+def vnni_width(target: Any, lanes: int) -> int | None:
+    """The int32 lanes of the ``vpdpbusd`` that computes ``lanes`` lanes of :func:`cuvil.ir.expr.dot4` on
+    ``target`` (16: AVX512-VNNI, 8 or 4: AVX512-VNNI with AVX512-VL, or AVX-VNNI), None without VNNI
+    or for a lane count no register width divides into a power of two of registers."""
+    feats = set(getattr(target, "enabled_features", ()))
+    if not str(getattr(target, "triple", "")).startswith(("x86_64", "i686", "i386")):
+        return None
+    widths = ([16] if "avx512vnni" in feats else []) + (
+        [8, 4] if "avxvnni" in feats or {"avx512vnni", "avx512vl"} <= feats else [])
+    for w in widths:
+        if lanes % w == 0 and not (lanes // w) & (lanes // w - 1):
+            return w
+    return None
 
 
 class Lanes:
@@ -163,6 +178,7 @@ class VectorLoops:
     binary: Any
     unary: Any
     math: Any
+    dot4_bytes: Any
     to_memory: Any
     to_i64: Any
 
@@ -381,6 +397,12 @@ class VectorLoops:
             if x.stride is not None and dt.is_int(src) and dt.is_int(dst) and dt.bits(src) == dt.bits(dst):
                 return x
             return Lanes(self.cast(self.vec(x), src, dst), None)
+        if isinstance(e, Binary) and e.op == "add" and e.dtype == "int32":
+            for acc, d in ((e.a, e.b), (e.b, e.a)):
+                if isinstance(d, Call) and d.name == DOT4:  # acc + dot4(u, s): one vpdpbusd where there is VNNI
+                    return Lanes(self.vdot4(d, self.vec(self.vexpr(acc))), None)
+        if isinstance(e, Call) and e.name == DOT4:
+            return Lanes(self.vdot4(e, None), None)
         if isinstance(e, Binary):
             x, y = self.vexpr(e.a), self.vexpr(e.b)
             if dt.is_int(e.dtype) and x.stride is not None and y.stride is not None:
@@ -405,6 +427,36 @@ class VectorLoops:
         if isinstance(e, Load):
             return self._vload(e)
         raise InternalError(f"internal error in LLVM codegen: cannot vectorise {e!r}")
+
+    def vdot4(self, e: Call, acc: ir.Value | None) -> ir.Value:
+        """``acc + dot4(u, s)`` over the lanes (:func:`cuvil.ir.expr.dot4`): on a CPU with VNNI one
+        ``vpdpbusd`` per register of lanes (the non-saturating one: the int32 sums wrap, as numpy's, and
+        four products of bytes never overflow one lane), emitted as LLVM's x86 intrinsic because LLVM does
+        not form it from the byte arithmetic; elsewhere the byte arithmetic on vectors."""
+        b = self.builder
+        u, s = self.vec(self.vexpr(e.args[0])), self.vec(self.vexpr(e.args[1]))
+        n = u.type.count
+        width = vnni_width(self.target, n)
+        if width is None:
+            d = self.dot4_bytes(u, s)
+            return d if acc is None else b.add(acc, d)
+        if acc is None:
+            acc = ir.Constant(u.type, None)  # zeroinitializer
+        name = f"llvm.x86.avx512.vpdpbusd.{32 * width}"
+        vt = ir.VectorType(I32, width)
+        fn = b.module.globals.get(name) or ir.Function(b.module, ir.FunctionType(vt, [vt, vt, vt]), name)
+
+        def part(v: ir.Value, lo: int) -> ir.Value:
+            if width == n:
+                return v
+            return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width), list(range(lo, lo + width))))
+
+        parts = [b.call(fn, [part(acc, lo), part(u, lo), part(s, lo)]) for lo in range(0, n, width)]
+        while len(parts) > 1:  # concatenate pairwise (n / width is a power of two)
+            w = parts[0].type.count
+            sel = ir.Constant(ir.VectorType(I32, 2 * w), list(range(2 * w)))
+            parts = [b.shuffle_vector(parts[k], parts[k + 1], sel) for k in range(0, len(parts), 2)]
+        return parts[0]
 
     def vec(self, x: Lanes) -> ir.Value:
         """``x`` as a vector value."""

@@ -438,6 +438,26 @@ def min_value(dtype: str) -> Const:
 
 
 # ---------------------------------------------------------------------------
+# packed 8-bit dot products
+# ---------------------------------------------------------------------------
+
+DOT4 = "dot4_u8s8"
+
+
+def dot4(u: Expr, s: Expr) -> Call:
+    """The int32 sum of the four products of bytes ``zext(u.byte[t]) * sext(s.byte[t])`` (t = 0..3, byte 0
+    the least significant) of two int32 values that each hold four 8-bit integers: unsigned in ``u``,
+    signed in ``s``. Exact (at most 4 * 255 * 128 in magnitude). It is one lane of x86's ``vpdpbusd``,
+    which the LLVM code generator emits for it in a vector loop on a CPU with VNNI (LLVM does not find
+    the instruction in the byte-wise loop: an integer contraction packs four reduction steps per int32
+    and sums ``dot4`` over them); elsewhere it is the byte arithmetic."""
+    u, s = as_expr(u), as_expr(s)
+    if u.dtype != "int32" or s.dtype != "int32":
+        raise DTypeError(f"dot4 takes two int32 values of four packed bytes, got {u.dtype} and {s.dtype}")
+    return Call("int32", DOT4, (u, s))
+
+
+# ---------------------------------------------------------------------------
 # bounds checks
 # ---------------------------------------------------------------------------
 

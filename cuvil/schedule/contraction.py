@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cuvil.ir.expr import Binary, Cast, Expr, IterVar, Reduce, TensorRead
+from cuvil.ir.expr import DOT4, Binary, Call, Cast, Expr, IterVar, Reduce, TensorRead
 from cuvil.ir.functor import free_vars
 from cuvil.schedule.axes import const_int
 from cuvil.te.tensor import ComputeOp
@@ -40,16 +40,21 @@ class Contraction:
 
 
 def product_operands(body: Expr) -> tuple[TensorRead, TensorRead] | None:
-    """The two reads of ``sum(X[...] * Y[...])`` (casts around them allowed), or None."""
+    """The two reads of ``sum(X[...] * Y[...])`` or ``sum(dot4(X[...], Y[...]))`` (casts around them
+    allowed), or None."""
     if not isinstance(body, Reduce) or body.name != "sum" or body.where is not None:
         return None
     src = body.source
     while isinstance(src, Cast):
         src = src.value
-    if not isinstance(src, Binary) or src.op != "mul":
+    if isinstance(src, Call) and src.name == DOT4:  # four packed 8-bit steps at once (an int8 contraction)
+        args = src.args
+    elif isinstance(src, Binary) and src.op == "mul":
+        args = (src.a, src.b)
+    else:
         return None
     ops = []
-    for x in (src.a, src.b):
+    for x in args:
         while isinstance(x, Cast):
             x = x.value
         if not isinstance(x, TensorRead):

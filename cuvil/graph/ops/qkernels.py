@@ -2,6 +2,17 @@
 
 Both compute exact int32 sums of products of 8-bit integers (uint8 or int8, any mix); the callers (the
 quantized ONNX operators) apply zero points, bias and requantization around them.
+
+On a CPU with VNNI (x86 ``avx512vnni`` / ``avxvnni``: gated on the features, never the CPU's name) the
+reduction runs four steps at a time: both operands are packed so that four consecutive reduction steps
+sit in one int32 (the weights in panels ``[N / P][K / 4][P]`` of such int32, P two vectors of lanes; the
+activation ``[..., K / 4]``, channels last for a convolution), and the contraction sums
+:func:`cuvil.ir.expr.dot4` (unsigned bytes x signed bytes) over them, which the code generator emits as
+``vpdpbusd``.  The auto-scheduler tiles it like any contraction (a register tile of MR rows x P int32
+lanes over the panels).  ``vpdpbusd`` multiplies unsigned by signed bytes; the other mixes are mapped
+onto it: u8 weights take the unsigned side (the activation the signed one), and when both have the same
+signedness the activation's bytes are flipped (XOR 0x80, i.e. +-128) and ``+-128 * colsum(w)`` is added
+back (a compile-time constant for constant weights).  Without VNNI it is the plain int32 contraction.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ import numpy as np
 from cuvil import te
 from cuvil.errors import DTypeError, ShapeError
 from cuvil.graph.ops.base import NodeCtx, t_shape
+from cuvil.ir.expr import dot4
 from cuvil.te.tensor import Tensor
 
 INT8_TYPES = ("uint8", "int8")
@@ -26,6 +38,55 @@ def _check_int8(what: str, dtype: str) -> None:
 
 def _i32(x: Any) -> Any:
     return te.cast(x, "int32")
+
+
+def vnni_panel(target: Any) -> int:
+    """The int32 columns of a weight panel for VNNI on ``target`` (two vectors), 0 without VNNI."""
+    from cuvil.codegen.llvm_vector import vnni_width
+
+    if target is None or getattr(target, "kind", "") != "llvm":
+        return 0
+    lanes = max(4, target.vector_bits // 32)
+    return 2 * lanes if vnni_width(target, lanes) is not None else 0
+
+
+def _roles(a_dtype: str, w_dtype: str) -> tuple[bool, bool, int]:
+    """(weights on the unsigned side of ``dot4``, flip the activation's bytes, sign of ``128 * colsum(w)``
+    to add back)."""
+    w_unsigned = w_dtype == "uint8"
+    flip = a_dtype == w_dtype
+    sign = (1 if a_dtype == "uint8" else -1) if flip else 0  # u8 a = (a ^ 0x80 as s8) + 128, s8 a = ... - 128
+    return w_unsigned, flip, sign
+
+
+def _pack4(byte: Any, steps: int, total: int, flip: bool) -> Any:
+    """The int32 whose byte t is ``byte(t)`` (an 8-bit integer expression, XOR 0x80 when ``flip``) for the
+    reduction step ``4 * step + t`` (zero past ``total``): four reduction steps in one int32."""
+    word: Any = None
+    for t in range(4):
+        v = _i32(byte(t)) & 255
+        if flip:
+            v = v ^ 128
+        if total % 4 and t >= total % 4:  # the last int32 holds fewer than four steps
+            v = te.if_then_else(steps * 4 + t < total, v, te.const(0, "int32"))
+        v = v * (1 << (8 * t)) if t < 3 else v * te.const(1 << 24, "int32")
+        word = v if word is None else word | v
+    return word
+
+
+def _weight_words(w: np.ndarray, panel: int) -> np.ndarray:
+    """Weights ``w[K, N]`` as int32 panels ``[ceil(N / P), ceil(K / 4), P]`` of four consecutive k each
+    (byte t of a word is k = 4 * k4 + t; zeros past K and N), packed at compile time."""
+    k, n = w.shape
+    k4, q = -(-k // 4), -(-n // panel)
+    full = np.zeros((k4 * 4, q * panel), np.uint8)
+    full[:k, :n] = w.view(np.uint8)
+    blocks = full.reshape(k4, 4, q, panel).transpose(2, 0, 3, 1)  # [q, k4, P, 4]
+    return np.ascontiguousarray(blocks).view("<i4")[..., 0].astype(np.int32)
+
+
+def _colsum(w: np.ndarray) -> np.ndarray:
+    return w.astype(np.int64).reshape(w.shape[0], -1).sum(axis=1 if w.ndim > 2 else 0)
 
 
 def int_matmul(ctx: NodeCtx, a: Tensor, w: Tensor | np.ndarray, name: str = "qmatmul") -> Tensor:
@@ -43,10 +104,55 @@ def int_matmul(ctx: NodeCtx, a: Tensor, w: Tensor | np.ndarray, name: str = "qma
     if len(a_s) < 1 or len(w_s) != 2 or a_s[-1] != w_s[0]:
         raise ShapeError(f"{ctx.node}: {name} takes a [..., K] activation and [K, N] weights; got "
                          f"{list(a_s)} and {list(w_s)}")
+    out = a_s[:-1] + (w_s[1],)
+    panel = vnni_panel(ctx.target)
+    if panel:
+        return _vnni_matmul(ctx, a, w, panel, name)
     W = ctx.constant(np.ascontiguousarray(w), keyed=False) if isinstance(w, np.ndarray) else w
     k = te.reduce_axis((0, w_s[0]), name="k")
-    out = a_s[:-1] + (w_s[1],)
     return te.compute(out, lambda *i: te.sum(_i32(a[i[:-1] + (k,)]) * _i32(W[k, i[-1]]), axis=k), name=name)
+
+
+def _vnni_matmul(ctx: NodeCtx, a: Tensor, w: Tensor | np.ndarray, panel: int, name: str) -> Tensor:
+    """``int_matmul`` as ``sum(dot4)`` over int32 words of four k (see the module's docstring)."""
+    a_s = t_shape(a)
+    kk, n = (int(d) for d in (w.shape if isinstance(w, np.ndarray) else t_shape(w)))
+    w_dtype = w.dtype.name if isinstance(w, np.ndarray) else w.dtype
+    w_unsigned, flip, sign = _roles(a.dtype, w_dtype)
+    k4 = -(-kk // 4)
+    lead = a_s[:-1]
+    A4 = te.compute(lead + (k4,), lambda *i: _pack4(lambda t: a[i[:-1] + (i[-1] * 4 + t,)] if kk % 4 == 0 else
+                                                    a[i[:-1] + (te.min(i[-1] * 4 + t, kk - 1),)],
+                                                    i[-1], kk, flip), name=f"{name}_a4")
+    q = -(-n // panel)
+    comp = None
+    if isinstance(w, np.ndarray):
+        W4 = ctx.constant(_weight_words(np.ascontiguousarray(w), panel), keyed=False)
+        if sign:
+            comp = ctx.constant((sign * 128 * _colsum(w)).astype(np.int32), keyed=False)
+    else:
+        def w_body(p: Any, s: Any, lane: Any) -> Any:
+            col = p * panel + lane
+            col = col if n % panel == 0 else te.min(col, n - 1)
+            word = _pack4(lambda t: w[(s * 4 + t if kk % 4 == 0 else te.min(s * 4 + t, kk - 1)), col], s, kk, False)
+            return word if n % panel == 0 else te.if_then_else(p * panel + lane < n, word, te.const(0, "int32"))
+
+        W4 = te.compute((q, k4, panel), w_body, name=f"{name}_w4")
+        if sign:
+            r = te.reduce_axis((0, kk), name="rk")
+            cs = te.compute((n,), lambda j: te.sum(_i32(w[r, j]), axis=r), name=f"{name}_colsum")
+            comp = te.compute((n,), lambda j: cs[j] * (sign * 128), name=f"{name}_comp")
+    s4 = te.reduce_axis((0, k4), name="k4")
+
+    def body(*i: Any) -> Any:
+        wr, ar = W4[i[-1] // panel, s4, i[-1] % panel], A4[i[:-1] + (s4,)]
+        return te.sum(dot4(wr, ar) if w_unsigned else dot4(ar, wr), axis=s4)
+
+    out = lead + (n,)
+    y = te.compute(out, body, name=name if comp is None else f"{name}_dot")
+    if comp is None:
+        return y
+    return te.compute(out, lambda *i: y[i] + comp[i[-1]], name=name)
 
 
 def int_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], dilations: Sequence[int],
@@ -80,6 +186,9 @@ def int_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], dil
         if full < 0 or strides[d] < 1 or dilations[d] < 1:
             raise ShapeError(f"{ctx.node}: the window of {name} does not fit the padded input in dimension {d}")
         out.append(full // strides[d] + 1)
+    panel = vnni_panel(ctx.target)
+    if panel and g == 1:
+        return _vnni_conv(ctx, x, w, strides, dilations, pads_begin, out, panel, name, int(pad_value))
     X = x
     if any(pads_begin) or any(pads_end):
         pshape = xs[:2] + tuple(xs[2 + d] + pads_begin[d] + pads_end[d] for d in range(n_sp))
@@ -101,3 +210,63 @@ def int_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], dil
         return te.sum(_i32(X[src]) * _i32(W[(m, rc) + tuple(rk)]), axis=[rc] + rk)
 
     return te.compute((xs[0], w.shape[0]) + tuple(out), body, name=name)
+
+
+def _vnni_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], dilations: Sequence[int],
+               pads_begin: Sequence[int], out: Sequence[int], panel: int, name: str, pad_value: int) -> Tensor:
+    """``int_conv`` (one group) as ``sum(dot4)``: the input padded and packed channels last, four channels
+    per int32 (``X4[n, *spatial, C / 4]``, the padding holding ``pad_value``), the filters in panels
+    ``[O / P, C / 4, *kernel, P]`` (see the module's docstring); the output stays NCHW."""
+    xs = t_shape(x)
+    n_sp = len(xs) - 2
+    c = xs[1]
+    c4 = -(-c // 4)
+    w_unsigned, flip, sign = _roles(x.dtype, w.dtype.name)
+    kernel = list(w.shape[2:])
+    span = [(out[d] - 1) * strides[d] + dilations[d] * (kernel[d] - 1) + 1 for d in range(n_sp)]
+    pv = te.const(pad_value, x.dtype)
+
+    def x_body(n: Any, *rest: Any) -> Any:
+        sp, s4 = rest[:-1], rest[-1]
+
+        def byte(t: int) -> Any:
+            ch = s4 * 4 + t if c % 4 == 0 else te.min(s4 * 4 + t, c - 1)
+            src = tuple(sp[d] - pads_begin[d] for d in range(n_sp))
+            inside = [cond for d in range(n_sp) for cond in
+                      ([sp[d] >= pads_begin[d]] if pads_begin[d] else []) +
+                      ([sp[d] < xs[2 + d] + pads_begin[d]] if span[d] > xs[2 + d] + pads_begin[d] else [])]
+            read = x[(n, ch) + src]
+            return te.if_then_else(te.all(*inside), read, pv) if inside else read
+
+        return _pack4(byte, s4, c, flip)
+
+    X4 = te.compute((xs[0],) + tuple(span) + (c4,), x_body, name=f"{name}_x4")
+    o = w.shape[0]
+    flat = np.ascontiguousarray(np.moveaxis(w, 0, -1)).reshape(c, -1, o)  # [C, taps, O]
+    words = _conv_words(flat, panel)
+    W4 = ctx.constant(words.reshape((words.shape[0], c4) + tuple(kernel) + (panel,)), keyed=False)
+    comp = ctx.constant((sign * 128 * _colsum(w)).astype(np.int32), keyed=False) if sign else None
+    r4 = te.reduce_axis((0, c4), name="rc4")
+    rk = [te.reduce_axis((0, kernel[d]), name=f"rk{d}") for d in range(n_sp)]
+
+    def body(n: Any, m: Any, *sp: Any) -> Any:
+        wr = W4[(m // panel, r4) + tuple(rk) + (m % panel,)]
+        xr = X4[(n,) + tuple(sp[d] * strides[d] + rk[d] * dilations[d] for d in range(n_sp)) + (r4,)]
+        return te.sum(dot4(wr, xr) if w_unsigned else dot4(xr, wr), axis=[r4] + rk)
+
+    shape = (xs[0], o) + tuple(out)
+    y = te.compute(shape, body, name=name if comp is None else f"{name}_dot")
+    if comp is None:
+        return y
+    return te.compute(shape, lambda n, m, *sp: y[(n, m) + sp] + comp[m], name=name)
+
+
+def _conv_words(flat: np.ndarray, panel: int) -> np.ndarray:
+    """Filters ``flat[C, taps, O]`` as int32 panels ``[ceil(O / P), ceil(C / 4), taps, P]``, byte t of a
+    word the input channel ``4 * c4 + t`` (zeros past C and O), packed at compile time."""
+    c, taps, o = flat.shape
+    c4, q = -(-c // 4), -(-o // panel)
+    full = np.zeros((c4 * 4, taps, q * panel), np.uint8)
+    full[:c, :, :o] = flat.view(np.uint8)
+    blocks = full.reshape(c4, 4, taps, q, panel).transpose(3, 0, 2, 4, 1)  # [q, c4, taps, P, 4]
+    return np.ascontiguousarray(blocks).view("<i4")[..., 0].astype(np.int32)
