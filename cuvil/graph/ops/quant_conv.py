@@ -1,0 +1,159 @@
+"""Quantized convolutions: ConvInteger and QLinearConv, as exact int32 convolutions (``int_conv`` of
+:mod:`cuvil.graph.ops.qkernels`) with the zero points applied afterwards (see
+:mod:`cuvil.graph.ops.quant_mm`)::
+
+    sum (x - zx)(w - zw) = conv(x_padded_with_zx, w)  -  zx colsum(w)[m]  -  zw[m] windowsum(x)  +  K zx zw[m]
+
+The padding reads ``zx`` (a padded tap contributes 0 once the zero point is subtracted).  The window
+sums exist only when ``zw`` is not 0: a convolution of ``x`` with a filter of ones per group, itself an
+integer convolution.  Weights must be known when compiling (a session specialises on fed weights).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from cuvil import te
+from cuvil.errors import DTypeError
+from cuvil.graph.ops.base import NodeCtx, op
+from cuvil.graph.ops.nn import _window
+from cuvil.graph.ops.qkernels import int_conv
+from cuvil.graph.ops.quant_mm import (
+    _I8,
+    check_int8,
+    const_vector,
+    fold_bias,
+    requant_multiplier,
+    requantize,
+    scale_value,
+    zero_point,
+)
+from cuvil.te.tensor import Tensor
+
+
+def conv_corrected(ctx: NodeCtx, x_i: int, w_i: int, zx_i: int | None, zw_i: int | None, runtime_zero: bool,
+                   name: str, bias: np.ndarray | None = None) -> tuple[tuple[int, ...], Any]:
+    """``conv((x - zx), (w - zw)) + bias`` as int32: the output shape (N, M, spatial...) and a function
+    ``idx -> int32 expression``."""
+    tx, tw = check_int8(ctx, x_i, "x"), check_int8(ctx, w_i, "w")
+    xs, ws = ctx.shape(x_i), ctx.shape(w_i)
+    if len(xs) < 3 or len(ws) != len(xs):
+        raise ctx.error(f"input {list(xs)} and weights {list(ws)} must be (N, C, ...) and (M, C/group, ...)")
+    g = int(ctx.attr("group", 1))
+    if g < 1 or xs[1] != ws[1] * g or ws[0] % g:
+        raise ctx.error(f"{xs[1]} input channels do not fit weights {list(ws)} with group={g}")
+    n_sp = len(xs) - 2
+    kernel = list(ws[2:])
+    ks = ctx.attr("kernel_shape")
+    if ks is not None and [int(k) for k in ks] != kernel:
+        raise ctx.error(f"kernel_shape {list(ks)} differs from the weights' {kernel}")
+    strides, dil, begin, out = _window(ctx, xs[2:], kernel)
+    end = [max(0, (out[d] - 1) * strides[d] + dil[d] * (kernel[d] - 1) + 1 - begin[d] - xs[2 + d])
+           for d in range(n_sp)]
+    m = ws[0]
+    w = np.asarray(ctx.value(w_i))
+    zx = zero_point(ctx, zx_i, 1, "x's zero point", runtime_zero, tx) if zx_i is not None else None
+    zw = zero_point(ctx, zw_i, m, "w's zero point", runtime_zero, tw) if zw_i is not None else None
+    from cuvil.graph.ops.quant_mm import Zero
+
+    zx = zx or Zero(np.zeros(1, np.int64))
+    zw = zw or Zero(np.zeros(1, np.int64))
+    if zx.tensor is not None and math.prod(ctx.shape(zx_i)) != 1:
+        raise ctx.error("x's zero point must be one value")
+    X = ctx.tensor(x_i)
+    if zx.known is not None:
+        acc = int_conv(ctx, X, w, strides, dil, begin, end, g, name, pad_value=int(zx.known[0]))
+    else:
+        acc = int_conv(ctx, _pad(X, begin, end, lambda: zx.read(0), name), w, strides, dil, [0] * n_sp,
+                       [0] * n_sp, g, name)
+    k = ws[1] * math.prod(kernel)
+    colsum = w.astype(np.int64).reshape(m, -1).sum(axis=1)
+    const, terms = fold_bias(ctx, m, k, zx, zw, colsum, bias)
+    cvec = const_vector(ctx, const) if const.any() else None
+    wsum = None
+    if not zw.is_zero:  # window sums of x (padded with zx) per group: a convolution with ones
+        ones = np.ones((g, ws[1]) + tuple(kernel), np.uint8 if tx == "uint8" else np.int8)
+        if zx.known is not None:
+            wsum = int_conv(ctx, X, ones, strides, dil, begin, end, g, f"{name}_wsum", pad_value=int(zx.known[0]))
+        else:
+            wsum = int_conv(ctx, _pad(X, begin, end, lambda: zx.read(0), f"{name}_ws"), ones, strides, dil,
+                            [0] * n_sp, [0] * n_sp, g, f"{name}_wsum")
+        zwv = const_vector(ctx, zw.known * np.ones(m, np.int64)) if zw.known is not None else zw.read
+    per_group = m // g
+
+    def value(idx: tuple) -> Any:
+        c = idx[1]
+        v = acc[idx]
+        if cvec is not None:
+            v = v + cvec(c)
+        for t in terms:
+            v = v + t(c)
+        if wsum is not None:
+            gi = c // per_group if g > 1 else 0
+            v = v - zwv(c) * wsum[(idx[0], gi) + tuple(idx[2:])]
+        return v
+
+    return (xs[0], m) + tuple(out), value
+
+
+def _pad(X: Tensor, begin: list[int], end: list[int], fill: Any, name: str) -> Tensor:
+    """``X`` padded in its spatial dimensions with the run-time value ``fill()``."""
+    xs = tuple(int(d.value) for d in X.shape)
+    if not any(begin) and not any(end):
+        return X
+    n_sp = len(xs) - 2
+    shape = xs[:2] + tuple(xs[2 + d] + begin[d] + end[d] for d in range(n_sp))
+
+    def body(*i: Any) -> Any:
+        inside = [c for d in range(n_sp) for c in (i[2 + d] >= begin[d], i[2 + d] < xs[2 + d] + begin[d])]
+        src = tuple(i[:2]) + tuple(i[2 + d] - begin[d] for d in range(n_sp))
+        return te.if_then_else(te.all(*inside), X[src], te.cast(fill(), X.dtype))
+
+    return te.compute(shape, body, name=f"{name}_pad")
+
+
+@op("ConvInteger")
+def conv_integer(ctx: NodeCtx) -> list:
+    shape, value = conv_corrected(ctx, 0, 1, 2, 3, True, "convinteger")
+    return [te.compute(shape, lambda *i: value(i), name="convinteger_out")]
+
+
+def qlinear_conv_build(ctx: NodeCtx, y_scale: int | None, y_zero: int | None, bias_i: int | None) -> Tensor:
+    """QLinearConv's computation (inputs x, x_scale, x_zero_point, w, w_scale, w_zero_point, then the
+    output's scale and zero point at ``y_scale`` / ``y_zero`` and the int32 bias at ``bias_i``); with
+    ``y_scale`` None the result is the float32 ``acc * sx * sw[m]`` (a convolution whose output the model
+    does not quantize)."""
+    bias = None
+    if bias_i is not None and ctx.has(bias_i):
+        if ctx.dtype(bias_i) != "int32":
+            raise DTypeError(f"{ctx.node}: the bias is {ctx.dtype(bias_i)}; it must be int32")
+        bias = np.asarray(ctx.value(bias_i)).reshape(-1)
+        if bias.size != ctx.shape(3)[0]:
+            raise ctx.error(f"the bias has {bias.size} values, the weights {ctx.shape(3)[0]} output channels")
+    shape, value = conv_corrected(ctx, 0, 3, 2, 5, False, "qlinearconv", bias)
+    sx, sw = scale_value(ctx, 1, "x_scale"), scale_value(ctx, 4, "w_scale")
+    m = shape[1]
+    if y_scale is None:
+        mult = requant_multiplier(ctx, sx, sw, np.ones(1, np.float32), m)
+        return te.compute(shape, lambda *i: te.cast(value(i), "float32") * mult(i[1]), name="qconv_float")
+    qy = ctx.dtype(y_zero) if y_zero is not None and ctx.has(y_zero) else "uint8"
+    if qy not in _I8:
+        raise DTypeError(f"{ctx.node}: y_zero_point is {qy}; the output is uint8 or int8")
+    mult = requant_multiplier(ctx, sx, sw, scale_value(ctx, y_scale, "y_scale"), m)
+    zy = int(np.asarray(ctx.value(y_zero)).reshape(-1)[0]) if y_zero is not None and ctx.has(y_zero) else 0
+    return te.compute(shape, lambda *i: requantize(value(i), mult(i[1]), zy, qy), name="qlinearconv_out")
+
+
+@op("QLinearConv")
+def qlinear_conv(ctx: NodeCtx) -> list:
+    return [qlinear_conv_build(ctx, 6, 7, 8)]
+
+
+@op("CuvilQLinearConv")
+def cuvil_qlinear_conv(ctx: NodeCtx) -> list:
+    """QLinearConv as :func:`cuvil.graph.qdq.match_qdq` writes it: inputs x, x_scale, x_zero_point, w,
+    w_scale, w_zero_point, y_scale, y_zero_point, B; without y_scale the result is float32."""
+    return [qlinear_conv_build(ctx, 6 if ctx.has(6) else None, 7, 8)]

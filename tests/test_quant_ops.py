@@ -1,0 +1,266 @@
+"""Quantized operators against onnxruntime on small hand-built models (cuvil/graph/ops/quant*.py), and
+QDQ matching (cuvil/graph/qdq.py) on models quantized by onnxruntime's own tool.
+
+Integer results must be equal (cuvil computes what onnxruntime's kernels compute: exact int32 sums,
+float32 requantization, half-to-even rounding); the float chain of an unmatched QDQ model may differ from
+onnxruntime's fused integer kernels by one quantization step, no more.  ONNX's node cases of these
+operators run in tests/test_onnx_node.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import reference
+import toolchain
+from hypothesis import given
+from hypothesis import strategies as st
+
+onnx = toolchain.module("onnx")
+ort = toolchain.module("onnxruntime")
+from onnx import TensorProto as T  # noqa: E402
+from onnx import helper as h  # noqa: E402
+from onnx import numpy_helper as nh  # noqa: E402
+
+import cuvil.onnx  # noqa: E402
+from cuvil.errors import DTypeError, ShapeError  # noqa: E402
+from cuvil.graph.qdq import integer_contractions  # noqa: E402
+
+_ELEM = {"float32": T.FLOAT, "uint8": T.UINT8, "int8": T.INT8, "int32": T.INT32, "int16": T.INT16,
+         "uint16": T.UINT16}
+
+
+def _model(nodes: list, feeds: dict[str, np.ndarray], outs: list[tuple[str, str]], inits: dict[str, np.ndarray],
+           opset: int = 21, ms: bool = False) -> bytes:
+    g = h.make_graph(nodes, "q", [h.make_tensor_value_info(k, _ELEM[v.dtype.name], v.shape) for k, v in feeds.items()],
+                     [h.make_tensor_value_info(n, _ELEM[d], None) for n, d in outs],
+                     [nh.from_array(np.asarray(v), k) for k, v in inits.items()])
+    ops = [h.make_opsetid("", opset)] + ([h.make_opsetid("com.microsoft", 1)] if ms else [])
+    return h.make_model(g, opset_imports=ops, ir_version=10).SerializeToString()
+
+
+def _both(model: bytes, feeds: dict[str, np.ndarray]) -> tuple[list, list]:
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = cuvil.onnx.InferenceSession(model).run(None, feeds)
+    return got, ref
+
+
+def _equal(got: list, ref: list) -> None:
+    for g, r in zip(got, ref):
+        assert g.dtype == r.dtype and g.shape == r.shape
+        np.testing.assert_array_equal(g, r)
+
+
+QT = st.sampled_from(["uint8", "int8"])
+SHAPES = st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple)
+
+
+@reference.budget(0.5)
+@given(shape=SHAPES, qt=QT, per_axis=st.booleans(), seed=st.integers(0, 2**16), data=st.data())
+def test_quantize_dequantize(shape, qt, per_axis, seed, data):
+    """Q then DQ, per tensor or per axis: ties exactly at .5 (power-of-two scales make x / s exact),
+    values past both limits (saturation), arbitrary scales."""
+    r = np.random.default_rng(seed)
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1)) if per_axis else 1
+    n = shape[axis] if per_axis else 1
+    ties = r.integers(-300, 300, shape) + 0.5
+    scale = np.where(r.random(n) < 0.5, 2.0 ** r.integers(-4, 3, n), r.uniform(0.01, 2, n)).astype(np.float32)
+    zp = r.integers(*((0, 256) if qt == "uint8" else (-128, 128)), n).astype(qt)
+    bshape = [1] * len(shape)
+    if per_axis:
+        bshape[axis] = n
+    x = (ties * scale.reshape(bshape)).astype(np.float32)
+    x.reshape(-1)[: x.size // 3] = r.uniform(-400, 400, x.size // 3).astype(np.float32)
+    if not per_axis:
+        scale, zp = scale.reshape(()), zp.reshape(())
+    nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], axis=axis),
+             h.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=axis)]
+    got, ref = _both(_model(nodes, {"x": x}, [("q", qt), ("y", "float32")], {"s": scale, "z": zp}), {"x": x})
+    _equal(got, ref)
+
+
+def test_quantize_divides_not_multiplies():
+    """x / s lands exactly on a tie where x * (1 / s) does not: round half to even of the quotient."""
+    s = np.float32(1.8871624)
+    k = np.arange(-100, 100, dtype=np.float32) + np.float32(0.5)
+    x = (k * s).astype(np.float32)
+    on_tie = (x / s) == k  # quotients exactly on the tie (numpy divides as IEEE says)
+    x, k = x[on_tie], k[on_tie]
+    assert (x * (np.float32(1) / s) != k).any()  # a reciprocal would miss some of them
+    nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])]
+    model = _model(nodes, {"x": x}, [("q", "int8")], {"s": s, "z": np.int8(0)})
+    got, ref = _both(model, {"x": x})
+    _equal(got, ref)
+    np.testing.assert_array_equal(got[0], np.rint(k).astype(np.int8))
+
+
+def test_blocked_and_16_bit():
+    r = np.random.default_rng(3)
+    x = r.uniform(-50, 50, (4, 6)).astype(np.float32)
+    s = r.uniform(0.1, 1, (2, 6)).astype(np.float32)
+    z = r.integers(-5, 5, (2, 6)).astype(np.int16)
+    nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], axis=0, block_size=2),
+             h.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=0, block_size=2)]
+    got, ref = _both(_model(nodes, {"x": x}, [("q", "int16"), ("y", "float32")], {"s": s, "z": z}), {"x": x})
+    _equal(got, ref)
+
+
+def test_dynamic_quantize_matmul_integer():
+    """quantize_dynamic's MatMul: DynamicQuantizeLinear, MatMulInteger with the run-time zero point,
+    non-zero weight zero points per column."""
+    r = np.random.default_rng(4)
+    x = r.standard_normal((5, 7)).astype(np.float32) * 3
+    wu = r.integers(0, 256, (7, 4)).astype(np.uint8)
+    zwu = r.integers(125, 131, 4).astype(np.uint8)
+    nodes = [h.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             h.make_node("MatMulInteger", ["xq", "wu", "xz", "zwu"], ["acc"])]
+    model = _model(nodes, {"x": x}, [("acc", "int32"), ("xs", "float32"), ("xz", "uint8")], {"wu": wu, "zwu": zwu})
+    got, ref = _both(model, {"x": x})
+    _equal(got, ref)
+
+
+@reference.budget(0.25)
+@given(m=st.integers(1, 6), k=st.integers(1, 9), n=st.integers(1, 7), qa=QT, qb=QT, batch=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_qlinear_matmul(m, k, n, qa, qb, batch, seed):
+    """QLinearMatMul (constant or fed weights, batched) and MatMulInteger with both zero points
+    (onnxruntime takes int8 A only with int8 B)."""
+    qb = "int8" if qa == "int8" else qb
+    r = np.random.default_rng(seed)
+    lo = {"uint8": 0, "int8": -128}
+    a = r.integers(lo[qa], lo[qa] + 256, ((2,) if batch else ()) + (m, k)).astype(qa)
+    b = r.integers(lo[qb], lo[qb] + 256, ((2,) if batch else ()) + (k, n)).astype(qb)
+    za, zb, zy = (np.array(r.integers(lo[t], lo[t] + 256), t) for t in (qa, qb, qa))
+    sa, sb, sy = (np.array(r.uniform(0.001, 0.05), np.float32) for _ in range(3))
+    inits = {"sa": sa, "za": za, "sb": sb, "zb": zb, "sy": sy, "zy": zy}
+    feeds = {"a": a}
+    if batch:
+        feeds["b"] = b
+    else:
+        inits["b"] = b
+    nodes = [h.make_node("QLinearMatMul", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"]),
+             h.make_node("MatMulInteger", ["a", "b", "za", "zb"], ["acc"])]
+    got, ref = _both(_model(nodes, feeds, [("y", qa), ("acc", "int32")], inits), feeds)
+    _equal(got, ref)
+
+
+@reference.budget(0.25)
+@given(c=st.integers(1, 4), m=st.integers(1, 5), size=st.integers(3, 7), kern=st.integers(1, 3),
+       stride=st.integers(1, 2), pad=st.integers(0, 1), qx=QT, per_channel=st.booleans(), seed=st.integers(0, 2**16))
+def test_qlinear_conv(c, m, size, kern, stride, pad, qx, per_channel, seed):
+    """QLinearConv (s8 weights, per-tensor or per-channel scales, int32 bias, padding with zx) and
+    ConvInteger (u8 weights with a zero point per channel)."""
+    r = np.random.default_rng(seed)
+    lo = {"uint8": 0, "int8": -128}[qx]
+    x = r.integers(lo, lo + 256, (2, c, size, size)).astype(qx)
+    w = r.integers(-127, 128, (m, c, kern, kern)).astype(np.int8)
+    nm = m if per_channel else 1
+    sw = r.uniform(0.001, 0.02, nm).astype(np.float32).reshape((nm,) if per_channel else ())
+    bias = r.integers(-5000, 5000, m).astype(np.int32)
+    zx = np.array(r.integers(lo, lo + 256), qx)
+    wu = r.integers(0, 256, (m, c, kern, kern)).astype(np.uint8)
+    zwu = np.array(r.integers(0, 256), np.uint8)  # onnxruntime's ConvInteger: one weight zero point
+    inits = {"sx": np.float32(0.02), "zx": zx, "w": w, "sw": sw, "sy": np.float32(0.3),
+             "zy": np.array(lo + 100, qx), "B": bias, "wu": wu, "zwu": zwu}
+    attrs = {"pads": [pad] * 4, "strides": [stride] * 2}
+    nodes = [h.make_node("QLinearConv", ["x", "sx", "zx", "w", "sw", "zx_w", "sy", "zy", "B"], ["y"], **attrs),
+             h.make_node("ConvInteger", ["x", "wu", "zx", "zwu"], ["acc"], **attrs)] if qx == "uint8" else \
+        [h.make_node("QLinearConv", ["x", "sx", "zx", "w", "sw", "zx_w", "sy", "zy", "B"], ["y"], **attrs)]
+    inits["zx_w"] = np.zeros(sw.shape, np.int8)
+    outs = [("y", qx)] + ([("acc", "int32")] if qx == "uint8" else [])
+    got, ref = _both(_model(nodes, {"x": x}, outs, inits), {"x": x})
+    _equal(got, ref)
+
+
+# -- models quantized by onnxruntime's tool -------------------------------------------------------------
+
+
+def _float_model() -> bytes:
+    r = np.random.default_rng(0)
+    inits = {"w1": r.standard_normal((8, 3, 3, 3)) * 0.3, "b1": r.standard_normal(8) * 0.1,
+             "w2": r.standard_normal((8, 8, 3, 3)) * 0.2, "wg": r.standard_normal((10, 16)) * 0.3,
+             "bg": r.standard_normal(10) * 0.1, "wm": r.standard_normal((10, 6)) * 0.3}
+    inits = {k: v.astype(np.float32) for k, v in inits.items()}
+    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             h.make_node("Add", ["c2", "r1"], ["a"]),
+             h.make_node("Sigmoid", ["a"], ["s"]),
+             h.make_node("Concat", ["s", "r1"], ["cat"], axis=1),
+             h.make_node("MaxPool", ["cat"], ["mp"], kernel_shape=[2, 2], strides=[2, 2]),
+             h.make_node("GlobalAveragePool", ["mp"], ["gap"]),
+             h.make_node("Flatten", ["gap"], ["f"]),
+             h.make_node("Gemm", ["f", "wg", "bg"], ["g"], transB=1),
+             h.make_node("Relu", ["g"], ["gr"]),
+             h.make_node("MatMul", ["gr", "wm"], ["y"])]
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 8, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [2, 6])],
+                     [nh.from_array(v, k) for k, v in inits.items()])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+
+
+class _Reader:
+    """A seeded random calibration reader (onnxruntime's CalibrationDataReader protocol)."""
+
+    def __init__(self, seed: int = 1, n: int = 6):
+        r = np.random.default_rng(seed)
+        self.data = iter([{"x": r.standard_normal((2, 3, 8, 8)).astype(np.float32)} for _ in range(n)])
+
+    def get_next(self):
+        return next(self.data, None)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = self.get_next()
+        if item is None:
+            raise StopIteration
+        return item
+
+
+@pytest.mark.parametrize("fmt", ["QDQ", "QOperator"])
+@pytest.mark.parametrize("act", ["QUInt8", "QInt8"])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_quantize_static_models(tmp_path, fmt, act, per_channel):
+    """Every Conv / Gemm / MatMul of the quantized model runs as an integer contraction, and the output
+    is within one step of the last QuantizeLinear's scale of onnxruntime on the same file."""
+    q = pytest.importorskip("onnxruntime.quantization")
+    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    src.write_bytes(_float_model())
+    q.quantize_static(str(src), str(dst), _Reader(), quant_format=getattr(q.QuantFormat, fmt),
+                      activation_type=getattr(q.QuantType, act), weight_type=q.QuantType.QInt8,
+                      per_channel=per_channel)
+    x = np.random.default_rng(9).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    ref = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    s = cuvil.onnx.InferenceSession(str(dst))
+    got = s.run(None, {"x": x})[0]
+    counts = integer_contractions(s)
+    assert counts["float"] == [] and len(counts["integer"]) == 4, counts
+    model = onnx.load(str(dst))
+    last_q = [n for n in model.graph.node if n.op_type == "QuantizeLinear"][-1]
+    step = float(nh.to_array([t for t in model.graph.initializer if t.name == last_q.input[1]][0]))
+    assert np.abs(got - ref).max() <= step * 1.0001, (np.abs(got - ref).max(), step)
+
+
+def test_unmatched_qdq_stays_correct():
+    """A DQ -> Softmax -> Q chain (no QLinear form) stays element-wise and agrees with onnxruntime to one step."""
+    r = np.random.default_rng(2)
+    x = r.integers(0, 256, (3, 10)).astype(np.uint8)
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["d"]),
+             h.make_node("Softmax", ["d"], ["sm"]),
+             h.make_node("QuantizeLinear", ["sm", "so", "zo"], ["y"])]
+    inits = {"s": np.float32(0.05), "z": np.uint8(128), "so": np.float32(1 / 256), "zo": np.uint8(0)}
+    got, ref = _both(_model(nodes, {"x": x}, [("y", "uint8")], inits), {"x": x})
+    assert np.abs(got[0].astype(int) - ref[0].astype(int)).max() <= 1
+
+
+def test_errors_name_the_node():
+    x = np.zeros((2, 3), np.float32)
+    bad_axis = _model([h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], axis=1)], {"x": x}, [("q", "uint8")],
+                      {"s": np.ones(2, np.float32), "z": np.zeros(2, np.uint8)})
+    with pytest.raises(ShapeError, match="QuantizeLinear node .*per-axis scale has shape \\[3\\]"):
+        cuvil.onnx.InferenceSession(bad_axis).run(None, {"x": x})
+    fp8 = _model([h.make_node("QuantizeLinear", ["x", "s"], ["q"], output_dtype=T.FLOAT8E4M3FN)], {"x": x},
+                 [("q", "uint8")], {"s": np.float32(1)})
+    with pytest.raises((DTypeError, cuvil.errors.ModelError)):
+        cuvil.onnx.InferenceSession(fp8).run(None, {"x": x})
