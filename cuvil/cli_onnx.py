@@ -182,6 +182,7 @@ def input_shapes(feeds: Any, given: dict[str, tuple[int, ...]], symbolic_default
     or the declared shape; a symbolic dimension left open is ``symbolic_default`` (with a note), or,
     when that is None, an error that says which ``--shapes`` to pass.  Returns (shapes, notes)."""
     from cuvil.errors import ArgumentError, ShapeError
+    from cuvil.graph.export import check_given_shape
 
     declared = {v.name: v.shape for v in feeds}
     unknown = [n for n in given if n not in declared]
@@ -196,19 +197,7 @@ def input_shapes(feeds: Any, given: dict[str, tuple[int, ...]], symbolic_default
         want = v.shape
         if v.name in given:
             got = given[v.name]
-            if want is not None:
-                if len(got) != len(want):
-                    raise ShapeError(f"--shapes {v.name}={','.join(map(str, got))}: rank {len(got)}, but the model "
-                                     f"declares {list(want)} (rank {len(want)})")
-                for k, (w, g) in enumerate(zip(want, got)):
-                    if isinstance(w, int) and w != g:
-                        raise ShapeError(f"--shapes {v.name}={','.join(map(str, got))}: dimension {k} must be {w} "
-                                         f"(the model declares {list(want)})")
-                    if isinstance(w, str) and w:
-                        if w in symbols and symbols[w][0] != g:
-                            raise ShapeError(f"--shapes {v.name}=...: dimension {k} ({w}) is {g}, but {w} is "
-                                             f"{symbols[w][0]} in input {symbols[w][1]!r}")
-                        symbols.setdefault(w, (g, v.name))
+            check_given_shape(f"--shapes {v.name}={','.join(map(str, got))}", v.name, want, tuple(got), symbols)
             shapes[v.name] = tuple(got)
         elif want is not None and all(isinstance(d, int) for d in want):
             shapes[v.name] = tuple(want)  # type: ignore[arg-type]

@@ -109,7 +109,7 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
          seed: int = 0, batch_size: int | None = None, inputs: Sequence[np.ndarray] | None = None,
          builder: Builder | None = None, runner: Runner | None = None, progress: bool | None = None,
          repeat: int = 5, build_timeout_s: float | None = None, final_top: int = 4,
-         final_rounds: int = 15) -> TuneResult:
+         final_rounds: int = 15, label: str | None = None) -> TuneResult:
     """Tune the schedule of the program with arguments ``args`` until the database holds ``trials`` records.
 
     ``timeout_s`` bounds one candidate's run (``build_timeout_s`` its build; by default ``6 * timeout_s``,
@@ -121,7 +121,8 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
     (one array per input tensor); ``builder`` / ``runner`` replace the local process-based ones (fresh
     interpreters: ``tune`` works at a script's top level and inside a daemonic process).  Progress (trials,
     best so far, failures, ETA) goes to stderr: one updating line on a terminal, a line per batch otherwise
-    (a notebook, a pipe); ``progress=False`` turns it off.
+    (a notebook, a pipe); ``progress=False`` turns it off.  ``label`` names the program in those lines (e.g.
+    ``Conv 1x64x56x56 * 64x64x3x3 (+Relu)``; its workload key follows, shortened), else the key alone.
 
     A run ends with a final round when anything was measured since the workload's last one: the
     ``final_top`` best records (by their time relative to the untuned schedule during the run) and the
@@ -148,6 +149,7 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
         raise ArgumentError(f"tune: measuring needs this machine's CPU ('llvm'); {tgt.canonical!r} would need a "
                             "remote runner (not there yet)")
     wl = workload_of(args, tgt)
+    tag = f"{label} [{wl.key[:8]}]" if label else wl.key
     shapes = _shapes(args)
     threads = num_threads or get_num_threads()
     database, owned = _open_db(db)
@@ -173,10 +175,10 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
                 show = _progress(progress)
                 adapt = own_builder and build_timeout_s is None  # the limit follows the builds' own times
                 res, kept = _loop(args, wl, threads, trials, done, database, space, strategy, builder, runner,
-                                  list(inputs), shapes, tmp, batch_size or 8, show, adapt)
+                                  list(inputs), shapes, tmp, batch_size or 8, show, adapt, tag)
                 if final_top > 0 and database.final_stale(wl.key, wl.target, threads):
                     final = _final_round(wl, threads, database, space, builder, runner, kept, tmp, final_top,
-                                         final_rounds, show)
+                                         final_rounds, show, tag)
                     res = _result(database, wl, threads, res.measured, res.failed, res.curve, res.untuned_time_s,
                                   final)
                 return res
@@ -200,7 +202,8 @@ def _progress(flag: bool | None) -> str:
 
 def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: int, db: Database, space: Space,
           strategy: Search, builder: Builder, runner: Runner, inputs: list[np.ndarray], shapes: list[Any],
-          tmp: str, batch: int, show: str, adapt: bool = False) -> tuple[TuneResult, dict[str, BuildResult]]:
+          tmp: str, batch: int, show: str, adapt: bool = False, tag: str = ""
+          ) -> tuple[TuneResult, dict[str, BuildResult]]:
     runner.set_inputs(inputs, [(shape, dtype) for _, shape, dtype, is_in in shapes if not is_in])
     default = space.default()
     best = db.best(wl.key, wl.target, threads)
@@ -276,7 +279,8 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
             rate = f" ({wl.flops / best_s / 1e9:.1f} GFLOP/s)" if best_s and wl.flops else ""
             best_txt = f"{best_s * 1e3:.3f} ms{rate}, {1 / best_rel:.2f}x the untuned" if best_s and best_rel \
                 else "none yet"
-            text = f"[cuvil tune {wl.key}] {done}/{trials} trials, best {best_txt}, {failed} failed, eta {eta:.0f} s"
+            text = (f"[cuvil tune {tag or wl.key}] {done}/{trials} trials, best {best_txt}, {failed} failed, "
+                    f"eta {eta:.0f} s")
             if show == "line":
                 print(f"\r{text}   ", end="" if done < trials else "\n", file=sys.stderr, flush=True)
             else:
@@ -315,7 +319,8 @@ def _confirm(runner: Runner, builds: Sequence[BuildResult], results: list[RunRes
 
 
 def _final_round(wl: Workload, threads: int, db: Database, space: Space, builder: Builder, runner: Runner,
-                 kept: dict[str, BuildResult], tmp: str, top: int, rounds: int, show: str) -> list[tuple[dict, float]]:
+                 kept: dict[str, BuildResult], tmp: str, top: int, rounds: int, show: str, tag: str = ""
+                 ) -> list[tuple[dict, float]]:
     """Time the ``top`` best records (by in-run relative time), the database's best so far and the untuned
     schedule against each other (see :func:`tune`); record the round; the finalists fastest first."""
     if not hasattr(runner, "final"):
@@ -362,7 +367,7 @@ def _final_round(wl: Workload, threads: int, db: Database, space: Space, builder
         won = "the untuned schedule" if config_hash(out[0][0]) == dh else f"{1 / out[0][1]:.2f}x the untuned"
         if config_hash(out[0][0]) != dh and out[0][1] > 1.0 - FINAL_MARGIN:
             won = f"the untuned schedule (the fastest other, {1 / out[0][1]:.2f}x, is within the margin)"
-        print(f"[cuvil tune {wl.key}] final round of {len(entries)} ({rounds} rounds): {won}", file=sys.stderr)
+        print(f"[cuvil tune {tag or wl.key}] final round of {len(entries)} ({rounds} rounds): {won}", file=sys.stderr)
     return out
 
 

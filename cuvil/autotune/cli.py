@@ -1,52 +1,165 @@
 """``cuvil tune``: the command line of the autotuner (the subcommand parser and its runner).
 
     cuvil tune model.onnx --trials 200 --db cuvil-tuning.db [--plot curve.svg]
+    cuvil tune resnet18 --trials 32                        # a cuvil.zoo model
+    cuvil tune bert-base --config ci --trials 16           # a registry model (cuvil.registry; needs torch)
+    cuvil tune model.onnx --shapes x=8,3,224,224           # sizes for the model's symbolic dimensions
 
-``cuvil/cli.py`` adds the subcommand with :func:`add_parser` and runs it with :func:`run`.
-``--plot`` draws the model's estimated latency (sum over kernels of runs x best time) against
-trials spent: with matplotlib when it is installed (any format it writes), else as SVG.
+A model is named as ``cuvil bench`` names one (:func:`cuvil.bench_model.resolve`: a file, a cuvil.zoo
+name, ``light_<name>``), or by a registry name (exported as ``cuvil bench --registry`` does, at
+``--config``; ``--registry`` picks the registry's where cuvil.zoo has a model of the same name).  Kernels
+are named by their op and shapes, e.g. ``Conv 1x64x56x56 * 64x64x3x3 (+Relu) [3fa9c2d1]`` (the workload
+key's start after it).  ``cuvil/cli.py`` adds the subcommand with :func:`add_parser` and runs it with
+:func:`run`.  ``--plot`` draws the model's estimated latency (sum over kernels of runs x best time)
+against trials spent: with matplotlib when it is installed (any format it writes), else as SVG.
+
+The measurements are made by the runner :func:`make_runner` builds from the arguments (today: none given,
+so each kernel's :func:`~cuvil.autotune.tune` call starts local workers); runners on boards add their
+options in :func:`add_parser` and their construction there.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Sequence
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("tune", help="autotune the kernels of an ONNX model; results go to a tuning database")
-    p.add_argument("model", help="model.onnx")
+    p = sub.add_parser("tune", help="autotune the kernels of a model (.onnx, a cuvil.zoo or a registry name); "
+                       "results go to a tuning database")
+    p.add_argument("model", help="model.onnx, a cuvil.zoo name (resnet18, mobilenet_v2, bert, mlp) or a registry "
+                   "name (bert-base, resnet50, ...: cuvil.registry, needs torch)")
+    p.add_argument("--shapes", action="append", nargs="+", default=[], metavar="NAME=D0,D1,...",
+                   help="input shapes for the model's symbolic dimensions, e.g. --shapes x=8,3,224,224 mask=8,128 "
+                        "(the sizes the tuned kernels will run at)")
     p.add_argument("--trials", type=int, default=64, help="candidates to measure in all (default 64)")
     p.add_argument("--db", default="cuvil-tuning.db", help="the tuning database (SQLite; default cuvil-tuning.db)")
-    p.add_argument("--target", default="llvm")
+    p.add_argument("--target", default=None, help="the compile target (default: llvm, this machine's CPU)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds one candidate may run (default 10)")
     p.add_argument("--threads", type=int, default=None, help="threads the kernels run with (default: all cores)")
     p.add_argument("--plot", default=None, metavar="FILE", help="draw estimated latency against trials (.svg, or "
                    "any format with matplotlib)")
+    p.add_argument("--registry", action="store_true", help="MODEL is a registry name even where cuvil.zoo has a "
+                   "model of that name (resnet18)")
+    p.add_argument("--config", default="full", choices=("full", "ci"), help="registry models: the published size "
+                   "(full, default) or the small one (ci)")
+    p.add_argument("--exporter", default="dynamo", choices=("dynamo", "torchscript"),
+                   help="registry models: how they are exported to ONNX (default dynamo)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``cuvil tune``; prints each kernel's result, returns the exit status."""
+    """Run ``cuvil tune``: resolve the model, build the runner, tune, print a table of the kernels; returns the
+    exit status (errors are one line on stderr)."""
     from cuvil.autotune.models import tune_model
+    from cuvil.cli import error
     from cuvil.errors import CuvilError
 
+    history: list[tuple[int, float]] = []
     try:
-        history: list[tuple[int, float]] = []
-        results = tune_model(args.model, args.trials, args.db, args.target, args.timeout, args.threads,
-                             progress=True, history=history)
-    except (CuvilError, OSError) as exc:
-        print(f"cuvil tune: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    for r in results:
-        best = f"{r.best_time_s * 1e3:.3f} ms" if r.best_time_s else "no correct candidate"
-        base = f" (untuned {r.untuned_time_s * 1e3:.3f} ms)" if r.untuned_time_s else ""
-        print(f"kernel {r.key} x{r.count}: {r.trials} trials, best {best}{base}")
+        with tempfile.TemporaryDirectory(prefix="cuvil-tune-") as workdir:
+            graph, shapes = resolve_model(args, workdir)
+            runner = make_runner(args)
+            try:
+                results = tune_model(graph, args.trials, args.db, args.target, args.timeout, args.threads,
+                                     progress=True, history=history, shapes=shapes, runner=runner)
+            finally:
+                if runner is not None:
+                    runner.close()
+    except CuvilError as exc:
+        return error(str(exc))
+    except OSError as exc:
+        return error(f"{exc.strerror or exc}" + (f": {exc.filename!r}" if exc.filename else ""))
+    print(results_table(results))
     if args.plot:
         plot_curve(history, args.plot)
         print(f"wrote {args.plot}")
     return 0
+
+
+def make_runner(args: argparse.Namespace) -> Any:
+    """The runner that measures every kernel's candidates (the :class:`~cuvil.autotune.measure.Runner`
+    protocol), or None: each kernel's tune() call then starts local workers of its own.  ``run`` closes it."""
+    return None
+
+
+def resolve_model(args: argparse.Namespace, workdir: str) -> tuple[Any, dict[str, tuple[int, ...]]]:
+    """The imported graph of ``args.model`` and the input shapes to tune at: ``--shapes``, else a cuvil.zoo
+    model's own inputs, else the declared shapes (a symbolic one is an error that says which --shapes to pass).
+    Names resolve as ``cuvil bench`` resolves them (:func:`cuvil.bench_model.resolve`; a zoo model is written
+    to ``workdir``) or as a registry name (:func:`cuvil.registry.export`)."""
+    from cuvil import registry, zoo
+    from cuvil.bench_model import resolve
+    from cuvil.cli_onnx import parse_shapes
+    from cuvil.errors import ArgumentError
+    from cuvil.frontend.onnx import import_model
+
+    name = args.model
+    given = parse_shapes(args.shapes, one=True)
+    own: dict[str, tuple[int, ...]] = {}
+    if args.registry or (name in registry.MODELS and name not in zoo.MODELS and not os.path.exists(name)):
+        try:
+            path = registry.export(name, config=args.config, exporter=args.exporter)
+        except ModuleNotFoundError as exc:
+            raise ArgumentError(f"registry model {name!r}: the registry builds its models with {exc.name}, which "
+                                f"is not installed (pip install torch)") from None
+    else:
+        try:
+            _, path, feeds = resolve(name, workdir, given)
+        except ArgumentError as exc:
+            if os.path.exists(name) or name in zoo.MODELS:
+                raise
+            raise ArgumentError(f"{exc}; or a registry model (cuvil.registry): {', '.join(registry.names())}"
+                                ) from None
+        if name in zoo.MODELS and not given:
+            own = {k: tuple(v.shape) for k, v in feeds.items()}
+    graph = import_model(path)
+    return graph, fixed_shapes(graph.feeds, given or own)
+
+
+def fixed_shapes(feeds: Sequence[Any], given: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Every input's shape for tuning: ``given`` (checked against the model, as ``cuvil compile`` checks
+    ``--shapes``) or the declared one; a symbolic dimension that neither fixes is an error naming the input
+    and the dimension: the tuner measures kernels at fixed sizes, and the sizes it tunes for are the user's."""
+    from cuvil.cli_onnx import input_shapes
+    from cuvil.errors import ShapeError
+
+    shapes, _ = input_shapes(feeds, dict(given), symbolic_default=1)
+    named = {w for v in feeds if v.name in given for w in (v.shape or ()) if isinstance(w, str) and w}
+    for v in feeds:
+        if v.name in given:
+            continue
+        for k, d in enumerate(v.shape or ()):
+            if not isinstance(d, int) and not (d and d in named):
+                example = ",".join(str(x) if isinstance(x, int) else "1" for x in v.shape)
+                raise ShapeError(f"input {v.name!r} {list(v.shape)}: dimension {k} ({d or 'unnamed'}) is symbolic, "
+                                 f"and kernels are tuned at fixed sizes: pass --shapes {v.name}={example} with the "
+                                 "sizes the model will run at")
+    return shapes
+
+
+def results_table(results: Sequence[Any]) -> str:
+    """One row per kernel (run count, trials, best and untuned time, speed-up, name [key]; why, for a kernel
+    that could not be tuned) and the model's estimated time per run (sum of count x time over the kernels),
+    tuned against untuned."""
+    rows = [f"{'calls':>5} {'trials':>6} {'best ms':>9} {'untuned ms':>10} {'speedup':>7}  kernel"]
+    tuned = untuned = 0.0
+    for r in results:
+        best = f"{r.best_time_s * 1e3:9.3f}" if r.best_time_s else f"{'-':>9}"
+        base = f"{r.untuned_time_s * 1e3:10.3f}" if r.untuned_time_s else f"{'-':>10}"
+        gain = f"{r.untuned_time_s / r.best_time_s:6.2f}x" if r.best_time_s and r.untuned_time_s else f"{'-':>7}"
+        rows.append(f"{r.count:>5} {r.trials:>6} {best} {base} {gain}  {r.title}")
+        if r.error:
+            rows.append(f"{'':>5} not tuned: {r.error}")
+        if r.best_time_s and r.untuned_time_s:
+            tuned += r.count * r.best_time_s
+            untuned += r.count * r.untuned_time_s
+    if tuned:
+        rows.append(f"estimated time per run (kernels with both times): {tuned * 1e3:.3f} ms tuned, "
+                    f"{untuned * 1e3:.3f} ms untuned ({untuned / tuned:.2f}x)")
+    return "\n".join(rows)
 
 
 def plot_curve(points: Sequence[tuple[int, float]], path: str, title: str = "estimated latency") -> None:

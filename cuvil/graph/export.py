@@ -49,7 +49,7 @@ from cuvil.errors import ArgumentError, CuvilError, ShapeError, TargetError
 from cuvil.graph.export_api import ALIGN, STATUS, Blob, SignatureCode, TensorSpec, api_ir, plan_layout
 from cuvil.graph.export_header import C_TYPES, c_identifiers, c_string, model_header
 
-__all__ = ["MODEL_ABI", "STATUS", "SymbolicSize", "TensorSpec", "default_prefix", "export_graph",
+__all__ = ["MODEL_ABI", "STATUS", "SymbolicSize", "TensorSpec", "check_given_shape", "default_prefix", "export_graph",
            "resolve_shapes", "resolve_signatures"]
 
 MODEL_ABI = 1  # one fixed signature; a library with symbolic sizes is ABI 2 (the sizes come first)
@@ -114,21 +114,30 @@ def resolve_shapes(feeds: Sequence[Any], input_shapes: Any = None,
                 isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1 for d in got):
             raise ShapeError(f"input_shapes[{n!r}] must be a tuple of positive ints, got {got!r}")
         got = tuple(int(d) for d in got)
-        if want is not None:
-            if len(got) != len(want):
-                raise ShapeError(f"input_shapes[{n!r}] = {got} has rank {len(got)}; the model declares "
-                                 f"{list(want)} (rank {len(want)})")
-            for k, (w, g) in enumerate(zip(want, got)):
-                if isinstance(w, int) and w != g:
-                    raise ShapeError(f"input_shapes[{n!r}]: dimension {k} must be {w} (the model declares "
-                                     f"{list(want)}), got {g}")
-                if isinstance(w, str):
-                    if w in symbols and symbols[w][0] != g:
-                        raise ShapeError(f"input_shapes[{n!r}]: dimension {k} ({w}) is {g}, but {w} is "
-                                         f"{symbols[w][0]} in input {symbols[w][1]!r}")
-                    symbols.setdefault(w, (g, n))
+        check_given_shape(f"input_shapes[{n!r}]", n, want, got, symbols)
         shapes[n] = got
     return shapes
+
+
+def check_given_shape(where: str, name: str, want: Sequence[Any] | None, got: tuple[int, ...],
+                      symbols: dict[str, tuple[int, str]]) -> None:
+    """Check the shape ``got`` given for input ``name`` against the one the model declares (``want``: ints and
+    symbol names; None, nothing declared): its rank, its fixed sizes, and one value per symbol across the inputs
+    (``symbols``: symbol -> (value, input) of the inputs checked before; this input's are added).  ``where``
+    names the given shape in errors (``input_shapes['x']``, ``--shapes x=1,3,224,224``): the Python API and
+    the command line check the same way."""
+    if want is None:
+        return
+    if len(got) != len(want):
+        raise ShapeError(f"{where} has rank {len(got)}; the model declares {list(want)} (rank {len(want)})")
+    for k, (w, g) in enumerate(zip(want, got)):
+        if isinstance(w, int) and w != g:
+            raise ShapeError(f"{where}: dimension {k} must be {w} (the model declares {list(want)}), got {g}")
+        if isinstance(w, str) and w:
+            if w in symbols and symbols[w][0] != g:
+                raise ShapeError(f"{where}: dimension {k} ({w}) is {g}, but {w} is {symbols[w][0]} in input "
+                                 f"{symbols[w][1]!r}")
+            symbols.setdefault(w, (g, name))
 
 
 def default_prefix(path: str) -> str:
