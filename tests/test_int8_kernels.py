@@ -255,3 +255,30 @@ def test_bad_inputs_raise_cuvil_errors():
         int_conv(ctx, x, np.zeros((6, 4, 7, 7), np.int8), [1, 1], [1, 1], [0, 0], [0, 0], 1)
     with pytest.raises(ShapeError, match="strides"):
         int_conv(ctx, x, np.zeros((6, 4, 3, 3), np.int8), [1], [1, 1], [0, 0], [0, 0], 1)
+
+
+def test_tuner_knobs_see_the_int8_tile_and_stay_exact():
+    """The autotuner's knob space of an int8 contraction: register tiles of int32 lanes (nr a multiple of
+    16 on AVX-512, the 32-lane panel by default) and k unrolled in steps of four; any point is exact."""
+    from cuvil.schedule.auto import default_knobs, knob_space
+
+    rng = np.random.default_rng(5)
+    a = rng.integers(-128, 128, (40, 100)).astype(np.int8)
+    w = rng.integers(-128, 128, (100, 48)).astype(np.int8)
+    ctx = _ctx(HOST)
+    A = te.placeholder(a.shape, dtype="int8", name="A")
+    y = int_matmul(ctx, A, w)
+    args = [A] + [p for _, p in ctx.placeholders] + [y]
+    space = knob_space(args, HOST)
+    lanes = max(4, HOST.vector_bits // 32)
+    name = next(n for n, k in space.items() if "mr" in k)  # the contraction (s8 x s8: before its +128 colsum)
+    assert {"nr", "ku"} <= set(space[name]) and all(nr % lanes == 0 for nr in space[name]["nr"])
+    chosen = default_knobs(args, HOST)[name]
+    if vnni_panel(HOST):
+        assert chosen["nr"] == vnni_panel(HOST)
+    vals = [a] + [ctx.entries[i] for i, _ in ctx.placeholders]
+    for knobs in ({"mr": 3, "nr": lanes, "ku": 4}, {"mr": 5, "nr": 2 * lanes, "ku": 2, "panels_outer": False}):
+        mod = cuvil.build(cuvil.auto_schedule(args, HOST, knobs={name: knobs}), args)
+        out = np.zeros((40, 48), np.int32)
+        mod(*vals, out)
+        np.testing.assert_array_equal(out, _matmul_ref(a, w))

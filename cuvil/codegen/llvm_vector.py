@@ -62,6 +62,7 @@ from cuvil.ir.stmt import Block, For, If, LetStmt, Stmt, Store
 # register-blocked matmul micro-kernel on emeraldrapids (benchmarks/simd_kernel.py), so no cap.
 PREFERRED_BITS = 512
 MAX_REGS = 8  # a constant-extent vector loop uses vectors of up to this many registers
+STRIDE_BYTES = 4  # 8-bit loads at most this far apart are one masked load and a shuffle (see _strided_bytes)
 
 
 def simd_bits(target: Any) -> int:
@@ -612,6 +613,8 @@ class VectorLoops:
         elif flat.stride == 1:
             v = b.load(b.gep(ptr, [flat.value], inbounds=True, source_etype=mt), typ=vt)
             v.align = dt.nbytes(e.dtype)
+        elif (strided := self._strided_bytes(ptr, flat, lanes, e.dtype)) is not None:
+            v = strided
         else:  # gather: one scalar load per lane
             idx = self.vec(flat)
             v = ir.Constant(vt, None)
@@ -620,6 +623,22 @@ class VectorLoops:
                 x = b.load(b.gep(ptr, [b.extract_element(idx, k)], inbounds=True, source_etype=mt), typ=mt)
                 v = b.insert_element(v, x, k)
         return Lanes(self._from_memory(v, e.dtype), None)
+
+    def _strided_bytes(self, ptr: ir.Value, flat: Lanes, lanes: int, dtype: str) -> ir.Value | None:
+        """8-bit elements ``STRIDE_BYTES`` apart (the bytes an int8 contraction packs four to an int32): one
+        masked load of the span (only the lanes' own bytes are read: never past the buffer) and a shuffle,
+        instead of a scalar load per lane; None for anything else."""
+        stride = flat.stride
+        if stride is None or not 2 <= stride <= STRIDE_BYTES or dtype not in ("int8", "uint8"):
+            return None
+        live = self._live(lanes)
+        span = lanes * stride
+        vt = ir.VectorType(mem_type(dtype), span)
+        mask = ir.Constant(ir.VectorType(ir.IntType(1), span),
+                           [int(i % stride == 0 and i // stride < live) for i in range(span)])
+        wide = self._masked_load(ptr, flat.value, vt, mask, 1)
+        return self.builder.shuffle_vector(wide, wide, ir.Constant(ir.VectorType(I32, lanes),
+                                                                   [stride * lane for lane in range(lanes)]))
 
     def _from_memory(self, v: ir.Value, dtype: str) -> ir.Value:
         b = self.builder

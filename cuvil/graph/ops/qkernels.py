@@ -214,8 +214,9 @@ def int_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], dil
 
 def _vnni_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], dilations: Sequence[int],
                pads_begin: Sequence[int], out: Sequence[int], panel: int, name: str, pad_value: int) -> Tensor:
-    """``int_conv`` (one group) as ``sum(dot4)``: the input padded and packed channels last, four channels
-    per int32 (``X4[n, *spatial, C / 4]``, the padding holding ``pad_value``), the filters in panels
+    """``int_conv`` (one group) as ``sum(dot4)``: the input padded and packed four channels per int32
+    (``X4[n, *rows, C / 4, columns]``: the packing reads and writes image rows with unit stride; the
+    padding holds ``pad_value``), the filters in panels
     ``[O / P, C / 4, *kernel, P]`` (see the module's docstring); the output stays NCHW."""
     xs = t_shape(x)
     n_sp = len(xs) - 2
@@ -227,7 +228,7 @@ def _vnni_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], d
     pv = te.const(pad_value, x.dtype)
 
     def x_body(n: Any, *rest: Any) -> Any:
-        sp, s4 = rest[:-1], rest[-1]
+        sp, s4 = rest[:-2] + rest[-1:], rest[-2]
 
         def byte(t: int) -> Any:
             ch = s4 * 4 + t if c % 4 == 0 else te.min(s4 * 4 + t, c - 1)
@@ -240,7 +241,7 @@ def _vnni_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], d
 
         return _pack4(byte, s4, c, flip)
 
-    X4 = te.compute((xs[0],) + tuple(span) + (c4,), x_body, name=f"{name}_x4")
+    X4 = te.compute((xs[0],) + tuple(span[:-1]) + (c4, span[-1]), x_body, name=f"{name}_x4")
     o = w.shape[0]
     flat = np.ascontiguousarray(np.moveaxis(w, 0, -1)).reshape(c, -1, o)  # [C, taps, O]
     words = _conv_words(flat, panel)
@@ -251,7 +252,8 @@ def _vnni_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], d
 
     def body(n: Any, m: Any, *sp: Any) -> Any:
         wr = W4[(m // panel, r4) + tuple(rk) + (m % panel,)]
-        xr = X4[(n,) + tuple(sp[d] * strides[d] + rk[d] * dilations[d] for d in range(n_sp)) + (r4,)]
+        at = tuple(sp[d] * strides[d] + rk[d] * dilations[d] for d in range(n_sp))
+        xr = X4[(n,) + at[:-1] + (r4, at[-1])]
         return te.sum(dot4(wr, xr) if w_unsigned else dot4(xr, wr), axis=[r4] + rk)
 
     shape = (xs[0], o) + tuple(out)
