@@ -104,7 +104,7 @@ def random_inputs(args: Sequence[Any], seed: int = 0) -> list[np.ndarray]:
     return out
 
 
-def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = "cuvil-tuning.db",
+def tune(args: Sequence[Any], target: Any = None, trials: int = 64, db: Any = "cuvil-tuning.db",
          timeout_s: float = 10.0, num_threads: int | None = None, *, search: str = "evolutionary",
          seed: int = 0, batch_size: int | None = None, inputs: Sequence[np.ndarray] | None = None,
          builder: Builder | None = None, runner: Runner | None = None, progress: bool | None = None,
@@ -119,7 +119,10 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
     thread count) is the thread count candidates run with; records are kept per thread count.
     ``search`` is "evolutionary" (model-guided) or "random"; ``inputs`` replaces the random inputs
     (one array per input tensor); ``builder`` / ``runner`` replace the local process-based ones (fresh
-    interpreters: ``tune`` works at a script's top level and inside a daemonic process).  Progress (trials,
+    interpreters: ``tune`` works at a script's top level and inside a daemonic process).  A runner on
+    boards (``runner=cuvil.autotune.DaskRunner(..., board="rpi5")``) brings the boards' compile target
+    (``target`` defaults to it; a given one must be one the boards can run), their thread count and the
+    board kind its records are filed under.  Progress (trials,
     best so far, failures, ETA) goes to stderr: one updating line on a terminal, a line per batch otherwise
     (a notebook, a pipe); ``progress=False`` turns it off.  ``label`` names the program in those lines (e.g.
     ``Conv 1x64x56x56 * 64x64x3x3 (+Relu)``; its workload key follows, shortened), else the key alone.
@@ -144,15 +147,21 @@ def tune(args: Sequence[Any], target: Any = "llvm", trials: int = 64, db: Any = 
     if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
                                     or num_threads < 1):
         raise ArgumentError(f"tune: num_threads must be a positive int or None, got {num_threads!r}")
+    if target is None:  # a runner on boards (cuvil.autotune.DaskRunner) knows what they run
+        target = getattr(runner, "target", None) or "llvm"
     tgt = target if isinstance(target, Target) else Target(target)
-    if tgt.kind != "llvm" or not tgt.is_host:
-        raise ArgumentError(f"tune: measuring needs this machine's CPU ('llvm'); {tgt.canonical!r} would need a "
-                            "remote runner (not there yet)")
+    check = getattr(runner, "check_target", None)
+    if check is not None:
+        check(tgt)  # the boards' CPUs must run what tgt compiles (a clear error before the first trial)
+    elif tgt.kind != "llvm" or not tgt.is_host:
+        raise ArgumentError(f"tune: measuring needs this machine's CPU ('llvm'); {tgt.canonical!r} needs a remote "
+                            "runner on boards of that target (cuvil.autotune.DaskRunner)")
     wl = workload_of(args, tgt)
     tag = f"{label} [{wl.key[:8]}]" if label else wl.key
     shapes = _shapes(args)
-    threads = num_threads or get_num_threads()
+    threads = num_threads or getattr(runner, "threads", None) or get_num_threads()
     database, owned = _open_db(db)
+    database = database.on(getattr(runner, "board", None) or "")  # records of the board kind that measures
     try:
         done = database.count(wl.key, wl.target, threads)
         if done >= trials and (final_top <= 0 or not database.final_stale(wl.key, wl.target, threads)):

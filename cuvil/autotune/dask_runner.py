@@ -377,8 +377,8 @@ def _connect(address: str | None, security: Any, timeout_s: float) -> Any:
 
 def _outcome(fut: Any) -> tuple[str, Any]:
     """What became of a finished task: ("reply", the board's reply), ("died", KilledWorker: the board died
-    under it), ("dropped", why: cancelled, e.g. the data it needed was lost with a dead board) or ("error",
-    the exception the task raised)."""
+    under it), ("dropped", why: cancelled, e.g. the data it needed was lost with a dead board, or no board
+    could take it) or ("error", the exception the task raised)."""
     from distributed import KilledWorker
 
     try:
@@ -389,8 +389,9 @@ def _outcome(fut: Any) -> tuple[str, Any]:
         return "dropped", caught
     if isinstance(exc, KilledWorker):
         return "died", exc
-    if exc is None:
-        return "dropped", fut.status
+    if exc is None or type(exc).__name__ in ("NoValidWorkerError", "NoWorkerError"):  # no board could take it
+        # (cuvil scheduler's no-workers-timeout): sent again once one is back, else lost
+        return "dropped", exc or fut.status
     return "error", exc
 
 
