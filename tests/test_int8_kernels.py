@@ -22,7 +22,7 @@ from cuvil import te
 from cuvil.errors import DTypeError, ShapeError
 from cuvil.graph.ir import Node
 from cuvil.graph.ops.base import NodeCtx
-from cuvil.graph.ops.qkernels import int_conv, int_matmul, vnni_panel
+from cuvil.graph.ops.qkernels import dot_panel, int_conv, int_matmul
 from cuvil.ir.expr import dot4
 
 HOST = cuvil.Target("llvm")
@@ -125,7 +125,7 @@ def test_plain_path_without_vnni_is_exact_and_has_no_vpdpbusd():
     rng = np.random.default_rng(2)
     a = rng.integers(-128, 128, (13, 37)).astype(np.int8)
     w = rng.integers(0, 256, (37, 40)).astype(np.uint8)
-    assert vnni_panel(cuvil.Target(NO_VNNI)) == 0
+    assert dot_panel(cuvil.Target(NO_VNNI)) == 0
     mod, vals, out = _build(lambda ctx, x: int_matmul(ctx, x, w), [a], NO_VNNI)
     assert "vpdpbusd" not in mod.get_source("asm")
     if "avx512f" in HOST.enabled_features:
@@ -148,10 +148,13 @@ def test_vnni_targets_emit_vpdpbusd(target, register):
 
 
 @needs_vnni
-def test_host_kernel_uses_vpdpbusd():
-    w = np.ones((64, 64), np.int8)
-    mod, _, _ = _build(lambda ctx, x: int_matmul(ctx, x, w), [np.zeros((32, 64), np.int8)])
-    assert "vpdpbusd" in mod.get_source("asm")
+@pytest.mark.parametrize("ad, wd", [(x, y) for x in INT8 for y in INT8])
+def test_host_kernel_uses_vpdpbusd(ad, wd):
+    """Every signedness mix reaches vpdpbusd (flipped where it must), none the byte arithmetic."""
+    w = np.ones((64, 64), wd)
+    mod, _, _ = _build(lambda ctx, x: int_matmul(ctx, x, w), [np.zeros((32, 64), ad)])
+    asm = mod.get_source("asm")
+    assert "vpdpbusd" in asm and "vpmulld" not in asm
 
 
 @needs_avx512
@@ -274,11 +277,38 @@ def test_tuner_knobs_see_the_int8_tile_and_stay_exact():
     name = next(n for n, k in space.items() if "mr" in k)  # the contraction (s8 x s8: before its +128 colsum)
     assert {"nr", "ku"} <= set(space[name]) and all(nr % lanes == 0 for nr in space[name]["nr"])
     chosen = default_knobs(args, HOST)[name]
-    if vnni_panel(HOST):
-        assert chosen["nr"] == vnni_panel(HOST)
+    if dot_panel(HOST):
+        assert chosen["nr"] == dot_panel(HOST)
     vals = [a] + [ctx.entries[i] for i, _ in ctx.placeholders]
     for knobs in ({"mr": 3, "nr": lanes, "ku": 4}, {"mr": 5, "nr": 2 * lanes, "ku": 2, "panels_outer": False}):
         mod = cuvil.build(cuvil.auto_schedule(args, HOST, knobs={name: knobs}), args)
         out = np.zeros((40, 48), np.int32)
         mod(*vals, out)
         np.testing.assert_array_equal(out, _matmul_ref(a, w))
+
+
+A76_DOT = "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76 -mattr=+neon,+dotprod"
+
+
+@pytest.mark.parametrize("ad, wd, target, instr", [
+    (np.uint8, np.int8, A76_DOT, "sdot"),  # mixed: the activation flipped to s8, + 128 * colsum(w)
+    (np.uint8, np.uint8, A76_DOT, "udot"),
+    (np.int8, np.uint8, A76_DOT + ",+i8mm", "usdot"),  # i8mm: unsigned x signed as it is
+])
+def test_aarch64_dot_product_under_qemu(tmp_path, ad, wd, target, instr):
+    """AArch64 with +dotprod (+i8mm) gets udot / sdot (usdot) from the same loop IR; run under qemu."""
+    from test_aarch64 import _run_under_qemu
+
+    rng = np.random.default_rng(6)
+    a = rng.integers(np.iinfo(ad).min, np.iinfo(ad).max + 1, (13, 37)).astype(ad)
+    w = rng.integers(np.iinfo(wd).min, np.iinfo(wd).max + 1, (37, 21)).astype(wd)
+    tgt = cuvil.Target(target)
+    ctx = _ctx(tgt)
+    A = te.placeholder(a.shape, dtype=a.dtype.name, name="A")
+    y = int_matmul(ctx, A, w)
+    args = [A] + [p for _, p in ctx.placeholders] + [y]
+    mod = cuvil.build(cuvil.auto_schedule(args, tgt), args, target=tgt, name="kernel")
+    assert re.search(rf"\b{instr}\s+v\d+\.4s", mod.get_source("asm")), f"no {instr} in the AArch64 kernel"
+    arrays = [a] + [ctx.entries[i] for i, _ in ctx.placeholders] + [np.zeros((13, 21), np.int32)]
+    (out,) = _run_under_qemu(tmp_path, mod, arrays, {len(arrays) - 1})
+    np.testing.assert_array_equal(out, _matmul_ref(a, w))

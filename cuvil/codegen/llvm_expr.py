@@ -23,7 +23,7 @@ from cuvil import dtype as dt
 from cuvil.codegen import vecmath
 from cuvil.errors import CuvilError
 from cuvil.ir.expr import (
-    DOT4,
+    DOT4_KINDS,
     INDEX_CHECK,
     Binary,
     Call,
@@ -386,19 +386,20 @@ class ExprEmitter:
     def call(self, e: Call) -> ir.Value:
         if e.name == INDEX_CHECK:
             return self.index_check(e)
-        if e.name == DOT4:
-            return self.dot4_bytes(self.expr(e.args[0]), self.expr(e.args[1]))
+        if e.name in DOT4_KINDS:
+            return self.dot4_bytes(self.expr(e.args[0]), self.expr(e.args[1]), *DOT4_KINDS[e.name])
         return self.math(e, [self.expr(a) for a in e.args])
 
-    def dot4_bytes(self, u: ir.Value, s: ir.Value) -> ir.Value:
+    def dot4_bytes(self, u: ir.Value, s: ir.Value, u_signed: bool = False, s_signed: bool = True) -> ir.Value:
         """:func:`cuvil.ir.expr.dot4` of int32 scalars or vectors, byte by byte: both seen as bytes
-        (bitcast), extended (unsigned ``u``, signed ``s``), multiplied, and the four products of each
-        int32 summed (lanes ``4 l + t`` gathered by shuffles)."""
+        (bitcast), extended (``u`` unsigned and ``s`` signed unless the flags say otherwise), multiplied,
+        and the four products of each int32 summed (lanes ``4 l + t`` gathered by shuffles)."""
         b = self.builder
         n = u.type.count if isinstance(u.type, ir.VectorType) else 1
         i8s = ir.VectorType(ir.IntType(8), 4 * n)
         wide = ir.VectorType(I32, 4 * n)
-        p = b.mul(b.zext(b.bitcast(u, i8s), wide), b.sext(b.bitcast(s, i8s), wide))
+        p = b.mul((b.sext if u_signed else b.zext)(b.bitcast(u, i8s), wide),
+                  (b.sext if s_signed else b.zext)(b.bitcast(s, i8s), wide))
         total: ir.Value | None = None
         for t in range(4):
             part = b.shuffle_vector(p, p, ir.Constant(ir.VectorType(I32, n), [4 * lane + t for lane in range(n)]))

@@ -442,19 +442,26 @@ def min_value(dtype: str) -> Const:
 # ---------------------------------------------------------------------------
 
 DOT4 = "dot4_u8s8"
+# the dot4 calls: name -> (first operand's bytes signed, second operand's bytes signed)
+DOT4_KINDS = {"dot4_u8s8": (False, True), "dot4_u8u8": (False, False), "dot4_s8s8": (True, True)}
 
 
-def dot4(u: Expr, s: Expr) -> Call:
-    """The int32 sum of the four products of bytes ``zext(u.byte[t]) * sext(s.byte[t])`` (t = 0..3, byte 0
-    the least significant) of two int32 values that each hold four 8-bit integers: unsigned in ``u``,
-    signed in ``s``. Exact (at most 4 * 255 * 128 in magnitude). It is one lane of x86's ``vpdpbusd``,
-    which the LLVM code generator emits for it in a vector loop on a CPU with VNNI (LLVM does not find
-    the instruction in the byte-wise loop: an integer contraction packs four reduction steps per int32
-    and sums ``dot4`` over them); elsewhere it is the byte arithmetic."""
+def dot4(u: Expr, s: Expr, signs: str = "us") -> Call:
+    """The int32 sum of the four products of bytes ``u.byte[t] * s.byte[t]`` (t = 0..3, byte 0 the least
+    significant) of two int32 values that each hold four 8-bit integers, unsigned or signed as ``signs``
+    says ("us": unsigned ``u``, signed ``s``; "uu"; "ss"). Exact (at most 4 * 255 * 255 in magnitude).
+
+    An integer contraction packs four reduction steps per int32 and sums ``dot4`` over them, because
+    LLVM does not find the dot-product instructions in the byte-wise loop: the LLVM code generator emits
+    one lane of x86's ``vpdpbusd`` ("us", VNNI) or AArch64's ``udot`` / ``sdot`` ("uu" / "ss", +dotprod)
+    and ``usdot`` ("us", +i8mm) for it in a vector loop; elsewhere it is the byte arithmetic."""
     u, s = as_expr(u), as_expr(s)
+    name = f"dot4_{signs[:1]}8{signs[1:]}8"
+    if name not in DOT4_KINDS:
+        raise DTypeError(f"dot4's signs are 'us', 'uu' or 'ss', got {signs!r}")
     if u.dtype != "int32" or s.dtype != "int32":
         raise DTypeError(f"dot4 takes two int32 values of four packed bytes, got {u.dtype} and {s.dtype}")
-    return Call("int32", DOT4, (u, s))
+    return Call("int32", name, (u, s))
 
 
 # ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cuvil.ir.expr import DOT4, Binary, Call, Cast, Expr, IterVar, Reduce, TensorRead
+from cuvil.ir.expr import DOT4_KINDS, Binary, Call, Cast, Expr, IterVar, Reduce, TensorRead
 from cuvil.ir.functor import free_vars
 from cuvil.schedule.axes import const_int
 from cuvil.te.tensor import ComputeOp
@@ -47,7 +47,7 @@ def product_operands(body: Expr) -> tuple[TensorRead, TensorRead] | None:
     src = body.source
     while isinstance(src, Cast):
         src = src.value
-    if isinstance(src, Call) and src.name == DOT4:  # four packed 8-bit steps at once (an int8 contraction)
+    if isinstance(src, Call) and src.name in DOT4_KINDS:  # four packed 8-bit steps at once (an int8 contraction)
         args = src.args
     elif isinstance(src, Binary) and src.op == "mul":
         args = (src.a, src.b)

@@ -3,16 +3,17 @@
 Both compute exact int32 sums of products of 8-bit integers (uint8 or int8, any mix); the callers (the
 quantized ONNX operators) apply zero points, bias and requantization around them.
 
-On a CPU with VNNI (x86 ``avx512vnni`` / ``avxvnni``: gated on the features, never the CPU's name) the
-reduction runs four steps at a time: both operands are packed so that four consecutive reduction steps
-sit in one int32 (the weights in panels ``[N / P][K / 4][P]`` of such int32, P two vectors of lanes; the
-activation ``[..., K / 4]``, channels last for a convolution), and the contraction sums
-:func:`cuvil.ir.expr.dot4` (unsigned bytes x signed bytes) over them, which the code generator emits as
-``vpdpbusd``.  The auto-scheduler tiles it like any contraction (a register tile of MR rows x P int32
-lanes over the panels).  ``vpdpbusd`` multiplies unsigned by signed bytes; the other mixes are mapped
-onto it: u8 weights take the unsigned side (the activation the signed one), and when both have the same
-signedness the activation's bytes are flipped (XOR 0x80, i.e. +-128) and ``+-128 * colsum(w)`` is added
-back (a compile-time constant for constant weights).  Without VNNI it is the plain int32 contraction.
+On a CPU with an 8-bit dot-product instruction (x86 VNNI: ``avx512vnni`` / ``avxvnni``; AArch64
+``dotprod`` / ``i8mm``: gated on the features, never the CPU's name) the reduction runs four steps at a
+time: both operands are packed so that four consecutive reduction steps sit in one int32 (the weights
+in panels ``[N / P][K / 4][P]`` of such int32, P two vectors of lanes, packed at compile time; the
+activation ``[..., K / 4]``), and the contraction sums :func:`cuvil.ir.expr.dot4` over them, which the
+code generator emits as ``vpdpbusd`` (``udot`` / ``sdot`` / ``usdot``).  The auto-scheduler tiles it
+like any contraction (a register tile of MR rows x P int32 lanes over the panels).  ``vpdpbusd``
+multiplies unsigned by signed bytes, ``udot`` / ``sdot`` same-signed ones; the other mixes are mapped
+onto them by flipping the activation's bytes (XOR 0x80, i.e. +-128) and adding ``+-128 * colsum(w)``
+back (a compile-time constant for constant weights).  Without such an instruction it is the plain
+int32 contraction (correct, slower).
 """
 
 from __future__ import annotations
@@ -40,23 +41,35 @@ def _i32(x: Any) -> Any:
     return te.cast(x, "int32")
 
 
-def vnni_panel(target: Any) -> int:
-    """The int32 columns of a weight panel for VNNI on ``target`` (two vectors), 0 without VNNI."""
-    from cuvil.codegen.llvm_vector import vnni_width
+def dot_panel(target: Any) -> int:
+    """The int32 columns of a weight panel for the dot-product instructions of ``target`` (two vectors of
+    int32 lanes), 0 when it has none (the plain int32 contraction then)."""
+    from cuvil.codegen.llvm_vector import dot4_kinds, dot4_width
 
     if target is None or getattr(target, "kind", "") != "llvm":
         return 0
     lanes = max(4, target.vector_bits // 32)
-    return 2 * lanes if vnni_width(target, lanes) is not None else 0
+    if not any(dot4_width(target, name, lanes) for name in dot4_kinds(target)):
+        return 0
+    return 2 * lanes
 
 
-def _roles(a_dtype: str, w_dtype: str) -> tuple[bool, bool, int]:
-    """(weights on the unsigned side of ``dot4``, flip the activation's bytes, sign of ``128 * colsum(w)``
-    to add back)."""
-    w_unsigned = w_dtype == "uint8"
-    flip = a_dtype == w_dtype
-    sign = (1 if a_dtype == "uint8" else -1) if flip else 0  # u8 a = (a ^ 0x80 as s8) + 128, s8 a = ... - 128
-    return w_unsigned, flip, sign
+def _plan(a_dtype: str, w_dtype: str, target: Any) -> tuple[str, bool, bool, int]:
+    """How ``target``'s dot product takes the activation's and the weights' bytes: (dot4's signs, weights
+    first, flip the activation's bytes, sign of ``128 * colsum(w)`` to add back). x86's ``vpdpbusd`` is
+    unsigned x signed: a mixed pair as it is (u8 weights first), a same-signed one with the activation
+    flipped; AArch64's ``udot`` / ``sdot`` take same-signed pairs: a mixed one flips the activation."""
+    from cuvil.codegen.llvm_vector import dot4_kinds
+
+    kinds = {name[5] + name[7] for name in dot4_kinds(target)}  # "dot4_u8s8" -> "us"
+    a_u, w_u = a_dtype == "uint8", w_dtype == "uint8"
+    flip = not (("us" in kinds) if a_u != w_u else ("uu" if a_u else "ss") in kinds)
+    if flip:
+        a_u = not a_u  # u8 a = (a ^ 0x80 as s8) + 128; s8 a = (a ^ 0x80 as u8) - 128
+    sign = (1 if a_dtype == "uint8" else -1) if flip else 0
+    if a_u == w_u:
+        return ("uu" if a_u else "ss"), True, flip, sign
+    return "us", w_u, flip, sign
 
 
 def _pack4(byte: Any, steps: int, total: int, flip: bool) -> Any:
@@ -105,20 +118,20 @@ def int_matmul(ctx: NodeCtx, a: Tensor, w: Tensor | np.ndarray, name: str = "qma
         raise ShapeError(f"{ctx.node}: {name} takes a [..., K] activation and [K, N] weights; got "
                          f"{list(a_s)} and {list(w_s)}")
     out = a_s[:-1] + (w_s[1],)
-    panel = vnni_panel(ctx.target)
+    panel = dot_panel(ctx.target)
     if panel:
-        return _vnni_matmul(ctx, a, w, panel, name)
+        return _dot_matmul(ctx, a, w, panel, name)
     W = ctx.constant(np.ascontiguousarray(w), keyed=False) if isinstance(w, np.ndarray) else w
     k = te.reduce_axis((0, w_s[0]), name="k")
     return te.compute(out, lambda *i: te.sum(_i32(a[i[:-1] + (k,)]) * _i32(W[k, i[-1]]), axis=k), name=name)
 
 
-def _vnni_matmul(ctx: NodeCtx, a: Tensor, w: Tensor | np.ndarray, panel: int, name: str) -> Tensor:
+def _dot_matmul(ctx: NodeCtx, a: Tensor, w: Tensor | np.ndarray, panel: int, name: str) -> Tensor:
     """``int_matmul`` as ``sum(dot4)`` over int32 words of four k (see the module's docstring)."""
     a_s = t_shape(a)
     kk, n = (int(d) for d in (w.shape if isinstance(w, np.ndarray) else t_shape(w)))
     w_dtype = w.dtype.name if isinstance(w, np.ndarray) else w.dtype
-    w_unsigned, flip, sign = _roles(a.dtype, w_dtype)
+    signs, w_first, flip, sign = _plan(a.dtype, w_dtype, ctx.target)
     k4 = -(-kk // 4)
     lead = a_s[:-1]
     A4 = te.compute(lead + (k4,), lambda *i: _pack4(lambda t: a[i[:-1] + (i[-1] * 4 + t,)] if kk % 4 == 0 else
@@ -146,7 +159,7 @@ def _vnni_matmul(ctx: NodeCtx, a: Tensor, w: Tensor | np.ndarray, panel: int, na
 
     def body(*i: Any) -> Any:
         wr, ar = W4[i[-1] // panel, s4, i[-1] % panel], A4[i[:-1] + (s4,)]
-        return te.sum(dot4(wr, ar) if w_unsigned else dot4(ar, wr), axis=s4)
+        return te.sum(dot4(wr, ar, signs) if w_first else dot4(ar, wr, signs), axis=s4)
 
     out = lead + (n,)
     y = te.compute(out, body, name=name if comp is None else f"{name}_dot")
@@ -186,9 +199,9 @@ def int_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], dil
         if full < 0 or strides[d] < 1 or dilations[d] < 1:
             raise ShapeError(f"{ctx.node}: the window of {name} does not fit the padded input in dimension {d}")
         out.append(full // strides[d] + 1)
-    panel = vnni_panel(ctx.target)
+    panel = dot_panel(ctx.target)
     if panel and g == 1:
-        return _vnni_conv(ctx, x, w, strides, dilations, pads_begin, out, panel, name, int(pad_value))
+        return _dot_conv(ctx, x, w, strides, dilations, pads_begin, out, panel, name, int(pad_value))
     X = x
     if any(pads_begin) or any(pads_end):
         pshape = xs[:2] + tuple(xs[2 + d] + pads_begin[d] + pads_end[d] for d in range(n_sp))
@@ -212,7 +225,7 @@ def int_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], dil
     return te.compute((xs[0], w.shape[0]) + tuple(out), body, name=name)
 
 
-def _vnni_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], dilations: Sequence[int],
+def _dot_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], dilations: Sequence[int],
                pads_begin: Sequence[int], out: Sequence[int], panel: int, name: str, pad_value: int) -> Tensor:
     """``int_conv`` (one group) as ``sum(dot4)``: the input padded and packed four channels per int32
     (``X4[n, *rows, C / 4, columns]``: the packing reads and writes image rows with unit stride; the
@@ -222,7 +235,7 @@ def _vnni_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], d
     n_sp = len(xs) - 2
     c = xs[1]
     c4 = -(-c // 4)
-    w_unsigned, flip, sign = _roles(x.dtype, w.dtype.name)
+    signs, w_first, flip, sign = _plan(x.dtype, w.dtype.name, ctx.target)
     kernel = list(w.shape[2:])
     span = [(out[d] - 1) * strides[d] + dilations[d] * (kernel[d] - 1) + 1 for d in range(n_sp)]
     pv = te.const(pad_value, x.dtype)
@@ -254,7 +267,7 @@ def _vnni_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], d
         wr = W4[(m // panel, r4) + tuple(rk) + (m % panel,)]
         at = tuple(sp[d] * strides[d] + rk[d] * dilations[d] for d in range(n_sp))
         xr = X4[(n,) + at[:-1] + (r4, at[-1])]
-        return te.sum(dot4(wr, xr) if w_unsigned else dot4(xr, wr), axis=[r4] + rk)
+        return te.sum(dot4(wr, xr, signs) if w_first else dot4(xr, wr, signs), axis=[r4] + rk)
 
     shape = (xs[0], o) + tuple(out)
     y = te.compute(shape, body, name=name if comp is None else f"{name}_dot")
