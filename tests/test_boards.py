@@ -222,7 +222,12 @@ def test_boards_over_tls(tmp_path, libs) -> None:
             [data2] = client.scatter([dict(_data("tls"), reference=ref["outputs"], ref_lib=libs["ref"])],
                                      broadcast=True)
             batch = [(*libs["crash"], 1), (*libs["fast"], 2), (*libs["hang"], 3), (*libs["wrong"], 4)]
-            out = client.submit(board.measure, data2, batch, "run", OPTS, **on_b1).result(timeout=60)
+            running = client.submit(board.measure, data2, batch, "run", OPTS, **on_b1)
+            t0 = time.monotonic()
+            while not board.boards(client, "b1")[0]["busy"] and time.monotonic() - t0 < 10:
+                time.sleep(0.1)
+            assert board.boards(client, "b1")[0]["busy"] and not board.boards(client, "b2")[0]["busy"]
+            out = running.result(timeout=60)
             assert [r["status"] for r in out["results"]] == ["crash", "ok", "timeout", "wrong"]
             again = client.submit(board.measure, data2, [(*libs["fast"], 5)], "run", OPTS, **on_b1).result()
             assert again["results"][0]["status"] == "ok" and again["board"]["pid"] == ref["board"]["pid"]

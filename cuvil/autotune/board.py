@@ -396,9 +396,13 @@ def measure(data: dict[str, Any], libs: list[tuple[str, bytes, int]], kind: str,
     _check(data, libs, kind)
     cfg = board_config()
     if cfg.exec_prefix:
-        from cuvil.autotune import exec_board
-
-        return exec_board.measure(cfg.exec_prefix, data, libs, kind, opts)
+        try:
+            from cuvil.autotune import exec_board
+        except ImportError as exc:
+            raise ArgumentError(f"board {cfg.name}: --exec boards need cuvil.autotune.exec_board ({exc})") from None
+        out = exec_board.measure(cfg.exec_prefix, data, libs, kind, opts)
+        out.setdefault("board", identity(cfg))
+        return out
     with _LOCK:  # one measurement at a time per board process (a Dask board has one thread anyway)
         out = _measure(data, libs, kind, opts, cfg)
     out["board"] = identity(cfg)

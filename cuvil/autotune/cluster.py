@@ -58,6 +58,8 @@ def add_parsers(sub: Any) -> None:
                    "/usr/aarch64-linux-gnu\" or \"ssh pi@rpi\") with a C timing harness")
     w.add_argument("--host", default=None, help="address this worker listens on (default: loopback when the "
                    "scheduler is on loopback, else the interface that reaches it)")
+    w.add_argument("--port", type=int, default=0, help="port this worker listens on (default: any free one; the "
+                   "scheduler and the tuner connect to it: open it in a firewall)")
     w.add_argument("--death-timeout", default="60s", help="give up when the scheduler cannot be reached for "
                    "this long (default %(default)s)")
     _tls_args(w)
@@ -213,8 +215,8 @@ def run_worker(args: argparse.Namespace) -> int:
         raise _plain_refused("listening on", host)
     name = f"{cfg.name}-{socket.gethostname()}-{os.getpid()}"
     return _serve(lambda: Worker(address, nthreads=1, resources={cfg.resource: 1}, security=sec, host=host,
-                                 protocol="tls" if sec else "tcp", death_timeout=args.death_timeout, memory_limit=0,
-                                 dashboard=False, name=name),
+                                 port=args.port or None, protocol="tls" if sec else "tcp", memory_limit=0,
+                                 death_timeout=args.death_timeout, dashboard=False, name=name),
                   lambda w: f"cuvil worker: board {cfg.name} ({summary(f)}) at {w.address}, scheduler "
                   f"{address}")
 
