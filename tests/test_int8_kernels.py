@@ -83,7 +83,7 @@ def matmuls(draw):
     k = draw(st.sampled_from([1, 2, 3, 4, 5, 7, 8, 13, 33, 64, 70]))
     n = draw(st.sampled_from([1, 3, 16, 17, 31, 32, 33, 50]))
     ad, wd = draw(st.sampled_from(INT8)), draw(st.sampled_from(INT8))
-    lead = draw(st.sampled_from([(m,), (2, m)]))
+    lead = draw(st.sampled_from([(m,), (2, m), ()]))
     return _values(draw, ad, lead + (k,)), _values(draw, wd, (k, n)), draw(st.booleans())
 
 

@@ -72,7 +72,7 @@ def _plan(a_dtype: str, w_dtype: str, target: Any) -> tuple[str, bool, bool, int
     return "us", w_u, flip, sign
 
 
-def _pack4(byte: Any, steps: int, total: int, flip: bool) -> Any:
+def _pack4(byte: Any, steps: Any, total: int, flip: bool) -> Any:
     """The int32 whose byte t is ``byte(t)`` (an 8-bit integer expression, XOR 0x80 when ``flip``) for the
     reduction step ``4 * step + t`` (zero past ``total``): four reduction steps in one int32."""
     word: Any = None
@@ -99,6 +99,8 @@ def _weight_words(w: np.ndarray, panel: int) -> np.ndarray:
 
 
 def _colsum(w: np.ndarray) -> np.ndarray:
+    """The sum of the weights each output reads: per column of a matmul's ``[K, N]``, per filter of a
+    convolution's ``[O, C, *kernel]`` (the compensation of a flipped activation is 128 times it)."""
     return w.astype(np.int64).reshape(w.shape[0], -1).sum(axis=1 if w.ndim > 2 else 0)
 
 
