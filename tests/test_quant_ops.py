@@ -171,6 +171,33 @@ def test_qlinear_conv(c, m, size, kern, stride, pad, qx, per_channel, seed):
     _equal(got, ref)
 
 
+@pytest.mark.parametrize("qt", ["uint8", "int8"])
+def test_com_microsoft_ops(qt):
+    """The com.microsoft QLinear operators onnxruntime's quantizer writes, each against onnxruntime:
+    bit-identical, except QLinearSoftmax (onnxruntime's table of exponentials: within one step)."""
+    r = np.random.default_rng(7)
+    lo = {"uint8": 0, "int8": -128}[qt]
+    a = r.integers(lo, lo + 256, (2, 3, 4, 5)).astype(qt)
+    b = r.integers(lo, lo + 256, (2, 3, 4, 5)).astype(qt)
+    ms = "com.microsoft"
+    inits = {"sa": np.float32(0.05), "za": np.array(lo + 120, qt), "sb": np.float32(0.03), "zb": np.array(lo + 7, qt),
+             "sc": np.float32(0.07), "zc": np.array(lo + 130, qt), "sd": np.float32(1 / 256), "zd": np.array(lo, qt)}
+    nodes = [h.make_node("QLinearAdd", ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"], ["add"], domain=ms),
+             h.make_node("QLinearMul", ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"], ["mul"], domain=ms),
+             h.make_node("QLinearSigmoid", ["a", "sa", "za", "sd", "zd"], ["sig"], domain=ms),
+             h.make_node("QLinearLeakyRelu", ["a", "sa", "za", "sc", "zc"], ["lrelu"], domain=ms, alpha=0.1),
+             h.make_node("QLinearGlobalAveragePool", ["a", "sa", "za", "sc", "zc"], ["gap"], domain=ms,
+                         channels_last=0),
+             h.make_node("QLinearConcat", ["sc", "zc", "a", "sa", "za", "b", "sc", "zc"], ["cat"], domain=ms, axis=1),
+             h.make_node("QLinearSoftmax", ["a", "sa", "za", "sd", "zd"], ["sm"], domain=ms, axis=-1, opset=13)]
+    names = ["add", "mul", "sig", "lrelu", "gap", "cat", "sm"]
+    feeds = {"a": a, "b": b}
+    got, ref = _both(_model(nodes, feeds, [(n, qt) for n in names], inits, ms=True), feeds)
+    _equal(got[:-1], ref[:-1])
+    assert got[-1].shape == ref[-1].shape
+    assert np.abs(got[-1].astype(int) - ref[-1].astype(int)).max() <= 1
+
+
 # -- models quantized by onnxruntime's tool -------------------------------------------------------------
 
 
@@ -240,6 +267,37 @@ def test_quantize_static_models(tmp_path, fmt, act, per_channel):
     last_q = [n for n in model.graph.node if n.op_type == "QuantizeLinear"][-1]
     step = float(nh.to_array([t for t in model.graph.initializer if t.name == last_q.input[1]][0]))
     assert np.abs(got - ref).max() <= step * 1.0001, (np.abs(got - ref).max(), step)
+
+
+def test_qdq_relu_kept_and_float_output():
+    """A Relu the quantizer kept between the contraction and its Q becomes Max(y, zy) on the integer
+    output; a contraction whose output is not quantized keeps a float output from the integer product."""
+    r = np.random.default_rng(8)
+    x = r.integers(0, 256, (3, 16)).astype(np.uint8)
+    inits = {"sx": np.float32(0.02), "zx": np.uint8(120), "w": r.integers(-127, 128, (16, 8)).astype(np.int8),
+             "sw": r.uniform(0.005, 0.02, 8).astype(np.float32), "zw": np.zeros(8, np.int8),
+             "sy": np.float32(0.05), "zy": np.uint8(100), "w2": r.integers(-127, 128, (8, 4)).astype(np.int8),
+             "sw2": np.float32(0.01), "zw2": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xd"]),
+             h.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wd"], axis=1),
+             h.make_node("MatMul", ["xd", "wd"], ["m"]),
+             h.make_node("Relu", ["m"], ["mr"]),
+             h.make_node("QuantizeLinear", ["mr", "sy", "zy"], ["q"]),
+             h.make_node("DequantizeLinear", ["q", "sy", "zy"], ["qd"]),
+             h.make_node("DequantizeLinear", ["w2", "sw2", "zw2"], ["w2d"]),
+             h.make_node("MatMul", ["qd", "w2d"], ["y"])]
+    model = _model(nodes, {"x": x}, [("q", "uint8"), ("y", "float32")], inits)
+    s = cuvil.onnx.InferenceSession(model)
+    counts = integer_contractions(s)
+    assert counts["float"] == [] and len(counts["integer"]) == 2, counts
+    assert "Max" in {n.op_type for n in s._graph.nodes}
+    got = s.run(None, {"x": x})
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the float QDQ semantics
+    ref = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.abs(got[0].astype(int) - ref[0].astype(int)).max() <= 1
+    # the float product of dequantized values rounds each term; the integer one is exact until the last multiply
+    np.testing.assert_allclose(got[1], ref[1], rtol=1e-5, atol=1e-5 * np.abs(ref[1]).max())
 
 
 def test_unmatched_qdq_stays_correct():

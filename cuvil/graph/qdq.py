@@ -14,7 +14,7 @@ output, still from the integer contraction.  Between the contractions:
 
 - data movement (MaxPool, Reshape, Transpose, Flatten, Squeeze, Unsqueeze, and Concat) between a DQ and
   a Q of the same scale and zero point runs on the 8-bit values;
-- Add, Mul, Sigmoid, LeakyRelu, GlobalAveragePool and Concat of other scales become onnxruntime's
+- Add, Mul, Sigmoid, LeakyRelu, GlobalAveragePool, Softmax and Concat of other scales become onnxruntime's
   QLinear operators (:mod:`cuvil.graph.ops.quant_ms`), which compute what the float chain does, rounded once;
 - any other Q / DQ node stays, computed element-wise (exact ONNX semantics).
 
@@ -36,7 +36,7 @@ INTEGER_CONTRACTIONS = frozenset({"CuvilQLinearConv", "CuvilQLinearMatMul", "QLi
 FLOAT_CONTRACTIONS = frozenset({"Conv", "CuvilConvNHWC", "Gemm", "MatMul", "ConvTranspose", "Einsum"})
 _MOVES = frozenset({"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"})
 _QLINEAR = {"Add": "QLinearAdd", "Mul": "QLinearMul", "Sigmoid": "QLinearSigmoid", "LeakyRelu": "QLinearLeakyRelu",
-            "GlobalAveragePool": "QLinearGlobalAveragePool"}
+            "GlobalAveragePool": "QLinearGlobalAveragePool", "Softmax": "QLinearSoftmax"}
 
 
 @dataclass(frozen=True)
@@ -228,8 +228,9 @@ def _between(v: _View, n: Node, inits: dict[str, Any], dropped: set[int]) -> lis
         if len(trip) != 2:
             return None
         new = Node(_QLINEAR[n.op_type], n.name, trip[0] + trip[1] + qs, q.node.outputs)
-    elif n.op_type in ("Sigmoid", "LeakyRelu", "GlobalAveragePool"):
-        new = Node(_QLINEAR[n.op_type], n.name, trip[0] + qs, q.node.outputs, dict(n.attrs))
+    elif n.op_type in ("Sigmoid", "LeakyRelu", "GlobalAveragePool", "Softmax"):
+        attrs = {**n.attrs, "opset": v.g.opset} if n.op_type == "Softmax" else dict(n.attrs)
+        new = Node(_QLINEAR[n.op_type], n.name, trip[0] + qs, q.node.outputs, attrs)
     else:
         return None
     dropped.add(id(q.node))

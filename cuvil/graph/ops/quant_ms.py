@@ -12,6 +12,9 @@ Their arithmetic follows onnxruntime's kernels, so that results agree to the ste
 - QLinearSigmoid / QLinearLeakyRelu / QLinearConcat (an input whose scale or zero point differs from
   the output's): a 256-entry table computed when compiling (dequantize, apply, quantize) and read at run
   time: an 8-bit input has only 256 values.
+- QLinearSoftmax: softmax of the dequantized values along ``axis`` (before opset 13 over the flattened
+  dimensions from ``axis`` on: the node's ``opset`` attribute), quantized; the row's largest code is
+  subtracted as integers first.
 - QGemm: the integer product of :mod:`cuvil.graph.ops.quant_mm` with an int32 bias ``C``, scaled by
   ``alpha * sa * sb[c]`` and requantized by ``y_scale`` / ``y_zero_point`` (a float32 result without them).
 """
@@ -26,11 +29,11 @@ import numpy as np
 from cuvil import te
 from cuvil.errors import DTypeError
 from cuvil.graph.ops.base import NodeCtx, Shaped, broadcast_shapes, elementwise, norm_axis, op
-from cuvil.graph.ops.quant import QRANGE
+from cuvil.graph.ops.quant import QRANGE, quantize_expr
 from cuvil.graph.ops.quant_mm import _I8, matmul_corrected, requant_multiplier, requantize, scale_value
 
 MS_OPS = frozenset({"QGemm", "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QLinearConcat",
-                    "QLinearSigmoid", "QLinearLeakyRelu"})
+                    "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax"})
 
 
 def _zp(ctx: NodeCtx, i: int, qtype: str) -> int:
@@ -228,3 +231,32 @@ def qgemm(ctx: NodeCtx) -> list:
     mult = requant_multiplier(ctx, sa * alpha, sb, scale_value(ctx, 7, "y_scale"), n)
     zy = _zp(ctx, 8, qy)
     return [Shaped(te.compute(shp, lambda *i: requantize(value(i), mult(i[-1]), zy, qy), name="qgemm_out"), out)]
+
+
+@op("QLinearSoftmax")
+def qlinear_softmax(ctx: NodeCtx) -> list:
+    qx = _qtype(ctx, 0)
+    qy = ctx.dtype(4) if ctx.has(4) else qx
+    if qy not in _I8:
+        raise DTypeError(f"{ctx.node}: y_zero_point is {qy}; the output is uint8 or int8")
+    xs = ctx.shape(0)
+    axis = norm_axis(ctx, int(ctx.attr("axis", -1)), len(xs))
+    sx, sy, zy = _scale(ctx, 1), _scale(ctx, 3), _zp(ctx, 4, qy)
+    _zp(ctx, 2, qx)  # checked; it cancels: softmax(s (x - z)) = softmax(s x)
+    if int(ctx.attr("opset", 13)) >= 13:
+        pre, n, post = math.prod(xs[:axis]), xs[axis], math.prod(xs[axis + 1:])
+    else:
+        pre, n, post = math.prod(xs[:axis]), math.prod(xs[axis:]), 1
+    X = ctx.tensor(0, (pre, n, post))
+    k = te.reduce_axis((0, n), name="k")
+    mx = te.compute((pre, post), lambda p, q: te.max(te.cast(X[p, k, q], "int32"), axis=k), name="qsm_max")
+
+    def e(p: Any, c: Any, q: Any) -> Any:
+        return te.exp(te.cast(te.cast(X[p, c, q], "int32") - mx[p, q], "float32") * float(sx))
+
+    k2 = te.reduce_axis((0, n), name="k2")
+    total = te.compute((pre, post), lambda p, q: te.sum(e(p, k2, q), axis=k2), name="qsm_sum")
+    y = te.compute((pre, n, post), lambda p, c, q: quantize_expr(e(p, c, q) / total[p, q],
+                                                                 te.const(float(sy), "float32"),
+                                                                 te.const(zy, "int32"), qy), name="qsoftmax")
+    return [Shaped(y, xs)]
