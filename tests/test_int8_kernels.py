@@ -60,7 +60,7 @@ def _run(make, inputs: list[np.ndarray], target: str | cuvil.Target = HOST) -> n
 
 
 def _matmul_ref(a: np.ndarray, w: np.ndarray) -> np.ndarray:
-    return (a.astype(np.int64) @ w.astype(np.int64)).astype(np.int32)  # wraps past int32, as the kernel
+    return np.matmul(a.astype(np.int64), w.astype(np.int64)).astype(np.int32)  # wraps past int32, as the kernel
 
 
 def _values(draw, dtype, shape) -> np.ndarray:
@@ -83,7 +83,9 @@ def matmuls(draw):
     k = draw(st.sampled_from([1, 2, 3, 4, 5, 7, 8, 13, 33, 64, 70]))
     n = draw(st.sampled_from([1, 3, 16, 17, 31, 32, 33, 50]))
     ad, wd = draw(st.sampled_from(INT8)), draw(st.sampled_from(INT8))
-    lead = draw(st.sampled_from([(m,), (2, m), ()]))
+    lead = draw(st.sampled_from([(m,), (2, m), (), "batched"]))
+    if lead == "batched":  # w[B, K, N] against a[B, M, K]: one contraction over the batches (attention heads)
+        return _values(draw, ad, (3, m, k)), _values(draw, wd, (3, k, n)), draw(st.booleans())
     return _values(draw, ad, lead + (k,)), _values(draw, wd, (k, n)), draw(st.booleans())
 
 
@@ -248,6 +250,8 @@ def test_bad_inputs_raise_cuvil_errors():
         int_matmul(ctx, a8, np.zeros((8, 4), np.int32))
     with pytest.raises(ShapeError, match=r"\[4, 8\] and \[7, 4\]"):
         int_matmul(ctx, a8, np.zeros((7, 4), np.int8))
+    with pytest.raises(ShapeError, match=r"\[4, 8\] and \[3, 8, 4\]"):  # batches of w must lead a
+        int_matmul(ctx, a8, np.zeros((3, 8, 4), np.int8))
     x = te.placeholder((1, 4, 5, 5), dtype="int8", name="x")
     w = np.zeros((6, 2, 3, 3), np.int8)
     with pytest.raises(ShapeError, match="group=1"):

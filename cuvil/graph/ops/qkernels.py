@@ -98,16 +98,19 @@ def _weight_words(w: np.ndarray, panel: int) -> np.ndarray:
     return np.ascontiguousarray(blocks).view("<i4")[..., 0].astype(np.int32)
 
 
-def _colsum(w: np.ndarray) -> np.ndarray:
-    """The sum of the weights each output reads: per column of a matmul's ``[K, N]``, per filter of a
-    convolution's ``[O, C, *kernel]`` (the compensation of a flipped activation is 128 times it)."""
-    return w.astype(np.int64).reshape(w.shape[0], -1).sum(axis=1 if w.ndim > 2 else 0)
+def _filter_sums(w: np.ndarray) -> np.ndarray:
+    """The sum of each filter of a convolution's ``[O, C, *kernel]`` (the compensation of a flipped
+    activation is 128 times it)."""
+    return w.astype(np.int64).reshape(w.shape[0], -1).sum(axis=1)
 
 
 def int_matmul(ctx: NodeCtx, a: Tensor, w: Tensor | np.ndarray, name: str = "qmatmul") -> Tensor:
     """``[..., N] int32 = sum_k int32(a[..., k]) * int32(w[k, n])``, exact for every signedness mix.
 
-    ``w`` is a compile-time constant (numpy) or a te tensor (activation x activation)."""
+    ``w`` is a compile-time constant (numpy) or a te tensor (activation x activation: attention's
+    ``Q K^T``).  Batched weights ``w[*B, K, N]`` pair with an activation ``a[*B, ..., K]`` whose leading
+    dimensions are those batches: ``out[*B, ..., n] = sum_k a[*B, ..., k] * w[*B, k, n]`` (one contraction
+    over every batch, e.g. the heads of an attention)."""
     a_s = t_shape(a)
     _check_int8(f"{ctx.node}: the activation of {name}", a.dtype)
     if isinstance(w, np.ndarray):
@@ -116,22 +119,25 @@ def int_matmul(ctx: NodeCtx, a: Tensor, w: Tensor | np.ndarray, name: str = "qma
     else:
         _check_int8(f"{ctx.node}: the weights of {name}", w.dtype)
         w_s = t_shape(w)
-    if len(a_s) < 1 or len(w_s) != 2 or a_s[-1] != w_s[0]:
-        raise ShapeError(f"{ctx.node}: {name} takes a [..., K] activation and [K, N] weights; got "
-                         f"{list(a_s)} and {list(w_s)}")
-    out = a_s[:-1] + (w_s[1],)
+    nb = len(w_s) - 2
+    if nb < 0 or len(a_s) < nb + 1 or a_s[-1] != w_s[-2] or a_s[:nb] != w_s[:nb]:
+        raise ShapeError(f"{ctx.node}: {name} takes a [..., K] activation and [K, N] weights (or [*B, ..., K] "
+                         f"and [*B, K, N]); got {list(a_s)} and {list(w_s)}")
+    out = a_s[:-1] + (w_s[-1],)
     panel = dot_panel(ctx.target)
     if panel:
         return _dot_matmul(ctx, a, w, panel, name)
     W = ctx.constant(np.ascontiguousarray(w), keyed=False) if isinstance(w, np.ndarray) else w
-    k = te.reduce_axis((0, w_s[0]), name="k")
-    return te.compute(out, lambda *i: te.sum(_i32(a[i[:-1] + (k,)]) * _i32(W[k, i[-1]]), axis=k), name=name)
+    k = te.reduce_axis((0, w_s[-2]), name="k")
+    return te.compute(out, lambda *i: te.sum(_i32(a[i[:-1] + (k,)]) * _i32(W[i[:nb] + (k, i[-1])]), axis=k),
+                      name=name)
 
 
 def _dot_matmul(ctx: NodeCtx, a: Tensor, w: Tensor | np.ndarray, panel: int, name: str) -> Tensor:
     """``int_matmul`` as ``sum(dot4)`` over int32 words of four k (see the module's docstring)."""
     a_s = t_shape(a)
-    kk, n = (int(d) for d in (w.shape if isinstance(w, np.ndarray) else t_shape(w)))
+    w_s = tuple(int(d) for d in (w.shape if isinstance(w, np.ndarray) else t_shape(w)))
+    nb, (kk, n) = len(w_s) - 2, w_s[-2:]
     w_dtype = w.dtype.name if isinstance(w, np.ndarray) else w.dtype
     signs, w_first, flip, sign = _plan(a.dtype, w_dtype, ctx.target)
     k4 = -(-kk // 4)
@@ -142,32 +148,37 @@ def _dot_matmul(ctx: NodeCtx, a: Tensor, w: Tensor | np.ndarray, panel: int, nam
     q = -(-n // panel)
     comp = None
     if isinstance(w, np.ndarray):
-        W4 = ctx.constant(_weight_words(np.ascontiguousarray(w), panel), keyed=False)
+        flat = np.ascontiguousarray(w).reshape((-1, kk, n))
+        words = np.stack([_weight_words(m, panel) for m in flat]).reshape(w_s[:nb] + (q, k4, panel))
+        W4 = ctx.constant(words, keyed=False)
         if sign:
-            comp = ctx.constant((sign * 128 * _colsum(w)).astype(np.int32), keyed=False)
+            comp = ctx.constant((sign * 128 * w.astype(np.int64).sum(axis=-2)).astype(np.int32), keyed=False)
     else:
-        def w_body(p: Any, s: Any, lane: Any) -> Any:
+        def w_body(*i: Any) -> Any:
+            b, (p, s, lane) = i[:nb], i[nb:]
             col = p * panel + lane
             col = col if n % panel == 0 else te.min(col, n - 1)
-            word = _pack4(lambda t: w[(s * 4 + t if kk % 4 == 0 else te.min(s * 4 + t, kk - 1)), col], s, kk, False)
+            word = _pack4(lambda t: w[b + ((s * 4 + t if kk % 4 == 0 else te.min(s * 4 + t, kk - 1)), col)],
+                          s, kk, False)
             return word if n % panel == 0 else te.if_then_else(p * panel + lane < n, word, te.const(0, "int32"))
 
-        W4 = te.compute((q, k4, panel), w_body, name=f"{name}_w4")
+        W4 = te.compute(w_s[:nb] + (q, k4, panel), w_body, name=f"{name}_w4")
         if sign:
             r = te.reduce_axis((0, kk), name="rk")
-            cs = te.compute((n,), lambda j: te.sum(_i32(w[r, j]), axis=r), name=f"{name}_colsum")
-            comp = te.compute((n,), lambda j: cs[j] * (sign * 128), name=f"{name}_comp")
+            cs = te.compute(w_s[:nb] + (n,), lambda *j: te.sum(_i32(w[j[:-1] + (r, j[-1])]), axis=r),
+                            name=f"{name}_colsum")
+            comp = te.compute(w_s[:nb] + (n,), lambda *j: cs[j] * (sign * 128), name=f"{name}_comp")
     s4 = te.reduce_axis((0, k4), name="k4")
 
     def body(*i: Any) -> Any:
-        wr, ar = W4[i[-1] // panel, s4, i[-1] % panel], A4[i[:-1] + (s4,)]
+        wr, ar = W4[i[:nb] + (i[-1] // panel, s4, i[-1] % panel)], A4[i[:-1] + (s4,)]
         return te.sum(dot4(wr, ar, signs) if w_first else dot4(ar, wr, signs), axis=s4)
 
     out = lead + (n,)
     y = te.compute(out, body, name=name if comp is None else f"{name}_dot")
     if comp is None:
         return y
-    return te.compute(out, lambda *i: y[i] + comp[i[-1]], name=name)
+    return te.compute(out, lambda *i: y[i] + comp[i[:nb] + (i[-1],)], name=name)
 
 
 def int_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], dilations: Sequence[int],
@@ -261,7 +272,7 @@ def _dot_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], di
     flat = np.ascontiguousarray(np.moveaxis(w, 0, -1)).reshape(c, -1, o)  # [C, taps, O]
     words = _conv_words(flat, panel)
     W4 = ctx.constant(words.reshape((words.shape[0], c4) + tuple(kernel) + (panel,)), keyed=False)
-    comp = ctx.constant((sign * 128 * _colsum(w)).astype(np.int32), keyed=False) if sign else None
+    comp = ctx.constant((sign * 128 * _filter_sums(w)).astype(np.int32), keyed=False) if sign else None
     r4 = te.reduce_axis((0, c4), name="rc4")
     rk = [te.reduce_axis((0, kernel[d]), name=f"rk{d}") for d in range(n_sp)]
 
