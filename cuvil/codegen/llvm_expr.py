@@ -387,24 +387,11 @@ class ExprEmitter:
         if e.name == INDEX_CHECK:
             return self.index_check(e)
         if e.name in DOT4_KINDS:
-            return self.dot4_bytes(self.expr(e.args[0]), self.expr(e.args[1]), *DOT4_KINDS[e.name])
+            from cuvil.codegen.llvm_dot import dot4_bytes
+
+            return dot4_bytes(self.builder, self.expr(e.args[0]), self.expr(e.args[1]), *DOT4_KINDS[e.name])
         return self.math(e, [self.expr(a) for a in e.args])
 
-    def dot4_bytes(self, u: ir.Value, s: ir.Value, u_signed: bool = False, s_signed: bool = True) -> ir.Value:
-        """:func:`cuvil.ir.expr.dot4` of int32 scalars or vectors, byte by byte: both seen as bytes
-        (bitcast), extended (``u`` unsigned and ``s`` signed unless the flags say otherwise), multiplied,
-        and the four products of each int32 summed (lanes ``4 l + t`` gathered by shuffles)."""
-        b = self.builder
-        n = u.type.count if isinstance(u.type, ir.VectorType) else 1
-        i8s = ir.VectorType(ir.IntType(8), 4 * n)
-        wide = ir.VectorType(I32, 4 * n)
-        p = b.mul((b.sext if u_signed else b.zext)(b.bitcast(u, i8s), wide),
-                  (b.sext if s_signed else b.zext)(b.bitcast(s, i8s), wide))
-        total: ir.Value | None = None
-        for t in range(4):
-            part = b.shuffle_vector(p, p, ir.Constant(ir.VectorType(I32, n), [4 * lane + t for lane in range(n)]))
-            total = part if total is None else b.add(total, part)
-        return total if n > 1 else b.extract_element(total, ir.Constant(I32, 0))
 
     def index_check(self, e: Call) -> ir.Value:
         """The checked index (cuvil.ir.checks): one unsigned compare (``-n <= v < n`` is ``v + n < 2n``),

@@ -25,8 +25,15 @@ the loop variable and index arithmetic on it) or a *vector*.  Memory:
   vectors); a Store to a uniform index stores the last lane's value;
 - any other index is a gather/scatter of per-lane scalar loads/stores, in
   lane order;
+- 8-bit elements 2-4 apart are one masked load of the span and a shuffle
+  (the bytes an int8 contraction packs four to an int32);
 - float16 is ``<V x half>`` in memory and ``<V x float>`` in registers, bool
   ``<V x i8>`` / ``<V x i1>``.
+
+``acc + dot4(u, s)`` (:func:`cuvil.ir.expr.dot4`, four byte products per int32)
+is one dot-product instruction per register of lanes where the target has one
+(:mod:`cuvil.codegen.llvm_dot`: x86 ``vpdpbusd``, AArch64 ``udot`` / ``sdot`` / ``usdot``),
+the byte arithmetic elsewhere.
 
 A ``Select`` whose condition varies across lanes and whose sides read memory
 is evaluated per lane with the scalar (branching) code, so the unchosen side
@@ -53,6 +60,7 @@ from typing import Any
 from llvmlite import ir
 
 from cuvil import dtype as dt
+from cuvil.codegen.llvm_dot import dot4_vector
 from cuvil.codegen.llvm_expr import I32, I64, InternalError, mem_type, reg_type
 from cuvil.ir.expr import DOT4_KINDS, INDEX_CHECK, Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from cuvil.ir.functor import children, structural_equal, walk
@@ -68,50 +76,6 @@ STRIDE_BYTES = 4  # 8-bit loads at most this far apart are one masked load and a
 def simd_bits(target: Any) -> int:
     """The vector register width cuvil generates code for on ``target`` (0: no SIMD)."""
     return min(target.vector_bits, PREFERRED_BITS)
-
-
-def dot4_kinds(target: Any) -> dict[str, tuple[str, bool]]:
-    """The :func:`cuvil.ir.expr.dot4` calls ``target`` has an instruction for: name -> (LLVM intrinsic
-    name without its type suffix, whether it takes the bytes as ``<16 x i8>``). x86: ``vpdpbusd``
-    (unsigned x signed; AVX512-VNNI or AVX-VNNI: the non-saturating form, int32 sums wrap as numpy's);
-    AArch64: ``udot`` / ``sdot`` (+dotprod), ``usdot`` (+i8mm). Gated on the features, never the CPU name."""
-    feats = set(getattr(target, "enabled_features", ()))
-    triple = str(getattr(target, "triple", ""))
-    if triple.startswith(("x86_64", "i686", "i386")):
-        if "avx512vnni" in feats or "avxvnni" in feats:
-            return {"dot4_u8s8": ("llvm.x86.avx512.vpdpbusd", False)}
-        return {}
-    if triple.startswith("aarch64"):
-        kinds = {}
-        if "dotprod" in feats:
-            kinds |= {"dot4_u8u8": ("llvm.aarch64.neon.udot", True), "dot4_s8s8": ("llvm.aarch64.neon.sdot", True)}
-        if "i8mm" in feats:
-            kinds["dot4_u8s8"] = ("llvm.aarch64.neon.usdot", True)
-        return kinds
-    return {}
-
-
-def dot4_width(target: Any, name: str, lanes: int) -> int | None:
-    """The int32 lanes of the dot-product instruction that computes ``lanes`` lanes of the dot4 call
-    ``name`` on ``target`` (x86: 16 with AVX512-VNNI, 8 or 4 with AVX512-VL or AVX-VNNI; AArch64: 4),
-    None without one or for a lane count no register width divides into a power of two of registers."""
-    if name not in dot4_kinds(target):
-        return None
-    feats = set(getattr(target, "enabled_features", ()))
-    if str(getattr(target, "triple", "")).startswith("aarch64"):
-        widths = [4]
-    else:
-        widths = ([16] if "avx512vnni" in feats else []) + (
-            [8, 4] if "avxvnni" in feats or {"avx512vnni", "avx512vl"} <= feats else [])
-    for w in widths:
-        if lanes % w == 0 and not (lanes // w) & (lanes // w - 1):
-            return w
-    return None
-
-
-def vnni_width(target: Any, lanes: int) -> int | None:
-    """:func:`dot4_width` of x86's unsigned x signed ``vpdpbusd``."""
-    return dot4_width(target, "dot4_u8s8", lanes)
 
 
 class Lanes:
@@ -208,7 +172,6 @@ class VectorLoops:
     binary: Any
     unary: Any
     math: Any
-    dot4_bytes: Any
     to_memory: Any
     to_i64: Any
 
@@ -459,39 +422,9 @@ class VectorLoops:
         raise InternalError(f"internal error in LLVM codegen: cannot vectorise {e!r}")
 
     def vdot4(self, e: Call, acc: ir.Value | None) -> ir.Value:
-        """``acc + dot4(u, s)`` over the lanes (:func:`cuvil.ir.expr.dot4`): one dot-product instruction
-        per register of lanes where the target has one (:func:`dot4_kinds`: ``vpdpbusd``, ``udot``,
-        ``sdot``, ``usdot``), emitted as LLVM's intrinsic because LLVM does not form it from the byte
-        arithmetic; elsewhere the byte arithmetic on vectors."""
-        b = self.builder
+        """``acc + dot4(u, s)`` over the lanes (:func:`cuvil.codegen.llvm_dot.dot4_vector`)."""
         u, s = self.vec(self.vexpr(e.args[0])), self.vec(self.vexpr(e.args[1]))
-        n = u.type.count
-        width = dot4_width(self.target, e.name, n)
-        if width is None:
-            d = self.dot4_bytes(u, s, *DOT4_KINDS[e.name])
-            return d if acc is None else b.add(acc, d)
-        if acc is None:
-            acc = ir.Constant(u.type, None)  # zeroinitializer
-        base, as_bytes = dot4_kinds(self.target)[e.name]
-        vt = ir.VectorType(I32, width)
-        bt = ir.VectorType(ir.IntType(8), 4 * width) if as_bytes else vt
-        name = f"{base}.v{width}i32.v{4 * width}i8" if as_bytes else f"{base}.{32 * width}"
-        fn = b.module.globals.get(name) or ir.Function(b.module, ir.FunctionType(vt, [vt, bt, bt]), name)
-
-        def part(v: ir.Value, lo: int) -> ir.Value:
-            if width == n:
-                return v
-            return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width), list(range(lo, lo + width))))
-
-        def byte_part(v: ir.Value, lo: int) -> ir.Value:
-            return b.bitcast(part(v, lo), bt) if as_bytes else part(v, lo)
-
-        parts = [b.call(fn, [part(acc, lo), byte_part(u, lo), byte_part(s, lo)]) for lo in range(0, n, width)]
-        while len(parts) > 1:  # concatenate pairwise (n / width is a power of two)
-            w = parts[0].type.count
-            sel = ir.Constant(ir.VectorType(I32, 2 * w), list(range(2 * w)))
-            parts = [b.shuffle_vector(parts[k], parts[k + 1], sel) for k in range(0, len(parts), 2)]
-        return parts[0]
+        return dot4_vector(self.builder, self.target, e.name, u, s, acc)
 
     def vec(self, x: Lanes) -> ir.Value:
         """``x`` as a vector value."""

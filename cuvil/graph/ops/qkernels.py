@@ -44,7 +44,7 @@ def _i32(x: Any) -> Any:
 def dot_panel(target: Any) -> int:
     """The int32 columns of a weight panel for the dot-product instructions of ``target`` (two vectors of
     int32 lanes), 0 when it has none (the plain int32 contraction then)."""
-    from cuvil.codegen.llvm_vector import dot4_kinds, dot4_width
+    from cuvil.codegen.llvm_dot import dot4_kinds, dot4_width
 
     if target is None or getattr(target, "kind", "") != "llvm":
         return 0
@@ -59,7 +59,7 @@ def _plan(a_dtype: str, w_dtype: str, target: Any) -> tuple[str, bool, bool, int
     first, flip the activation's bytes, sign of ``128 * colsum(w)`` to add back). x86's ``vpdpbusd`` is
     unsigned x signed: a mixed pair as it is (u8 weights first), a same-signed one with the activation
     flipped; AArch64's ``udot`` / ``sdot`` take same-signed pairs: a mixed one flips the activation."""
-    from cuvil.codegen.llvm_vector import dot4_kinds
+    from cuvil.codegen.llvm_dot import dot4_kinds
 
     kinds = {name[5] + name[7] for name in dot4_kinds(target)}  # "dot4_u8s8" -> "us"
     a_u, w_u = a_dtype == "uint8", w_dtype == "uint8"
