@@ -125,11 +125,12 @@ def client_security(certs: dict[str, str], who: str = "client") -> Any:
 class Server:
     """A ``cuvil scheduler`` or ``cuvil worker`` subprocess; ``address`` once it printed its ready line."""
 
-    def __init__(self, argv: list[str], home: Path, block: bool, ready: str, timeout_s: float = 60.0):
+    def __init__(self, argv: list[str], home: Path, block: bool, ready: str, timeout_s: float = 60.0,
+                 prefix: tuple[str, ...] = ()):
         self.home = home
         env = env_for(home, block)
         self.log = open(home / "stderr.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "cuvil.cli", *argv], cwd=str(home), env=env,
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "cuvil.cli", *argv], cwd=str(home), env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, text=True)
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: [lines.put(x) for x in self.proc.stdout], daemon=True).start()  # type: ignore
@@ -178,7 +179,8 @@ def start_scheduler(tmp: Path, certs: dict[str, str] | None, *extra: str) -> Ser
 
 
 def start_worker(tmp: Path, address: str, board: str, certs: dict[str, str] | None, *extra: str,
-                 home: str | None = None) -> Server:
-    """``cuvil worker ADDRESS --board BOARD`` where islpy and llvmlite cannot be imported."""
+                 home: str | None = None, prefix: tuple[str, ...] = ()) -> Server:
+    """``cuvil worker ADDRESS --board BOARD`` where islpy and llvmlite cannot be imported (run through
+    ``prefix``, e.g. ``ip netns exec NS``, if given)."""
     return Server(["worker", address, "--board", board, *tls_args(certs), *extra], tmp / (home or f"worker-{board}"),
-                  block=True, ready="cuvil worker: board")
+                  block=True, ready="cuvil worker: board", prefix=prefix)
