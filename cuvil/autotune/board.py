@@ -225,8 +225,9 @@ def facts(config: BoardConfig | None = None) -> dict[str, Any]:
 
 
 def facts_hash(f: dict[str, Any]) -> str:
-    """A short hash of a board's facts: boards with equal facts measure alike."""
-    return hashlib.sha256(json.dumps(f, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """A short hash of a board's facts but its hostname: two boards of one model, set up alike, share it."""
+    same = {k: v for k, v in f.items() if k != "hostname"}
+    return hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def identity(config: BoardConfig | None = None) -> dict[str, Any]:
