@@ -94,7 +94,7 @@ class DaskRunner:
         self.quiet = quiet
         self._measure = measure or boardmod.measure
         self.quarantined: dict[str, str] = {}  # board address -> why
-        self._ref_s: dict[str, list[float]] = {}  # board address -> the untuned schedule's times there
+        self._ref_s: dict[str, list[float]] = {}  # board address -> this workload's untuned times there
         self._data: dict[str, Any] | None = None
         self._scattered: Any = None
         self._own = client is None
@@ -164,6 +164,7 @@ class DaskRunner:
 
             harness = harness_bytes(self.facts)
         self._release()
+        self._ref_s = {}  # the untuned schedule's times are compared within a workload
         self._data = {"key": uuid.uuid4().hex, "inputs": [np.asarray(a) for a in inputs],
                       "outputs": [(tuple(int(d) for d in s), str(dt)) for s, dt in outputs], "reference": None,
                       "ref_lib": None, "harness": harness}
