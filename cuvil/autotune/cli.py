@@ -13,9 +13,9 @@ key's start after it).  ``cuvil/cli.py`` adds the subcommand with :func:`add_par
 :func:`run`.  ``--plot`` draws the model's estimated latency (sum over kernels of runs x best time)
 against trials spent: with matplotlib when it is installed (any format it writes), else as SVG.
 
-The measurements are made by the runner :func:`make_runner` builds from the arguments (today: none given,
-so each kernel's :func:`~cuvil.autotune.tune` call starts local workers); runners on boards add their
-options in :func:`add_parser` and their construction there.
+The measurements are made by the runner :func:`make_runner` builds from the arguments: by default none, so
+each kernel's :func:`~cuvil.autotune.tune` call starts local workers; with ``--cluster URL --board NAME``
+the boards of that kind in a Dask cluster (:class:`cuvil.autotune.DaskRunner`, docs/boards.md).
 """
 
 from __future__ import annotations
@@ -48,6 +48,14 @@ def add_parser(sub: Any) -> None:
                    "(full, default) or the small one (ci)")
     p.add_argument("--exporter", default="dynamo", choices=("dynamo", "torchscript"),
                    help="registry models: how they are exported to ONNX (default dynamo)")
+    b = p.add_argument_group("tuning on boards (docs/boards.md)")
+    b.add_argument("--cluster", default=None, metavar="URL", help="measure on the boards of this Dask scheduler "
+                   "(cuvil scheduler), e.g. tls://tuner.local:8786; the kernels are compiled for the boards")
+    b.add_argument("--board", default=None, metavar="NAME", help="with --cluster: the kind of board to measure on")
+    b.add_argument("--tls-ca-file", default=None, metavar="FILE", help="the cluster's CA certificate (PEM)")
+    b.add_argument("--tls-cert", default=None, metavar="FILE", help="this host's certificate (PEM), signed by the CA")
+    b.add_argument("--tls-key", default=None, metavar="FILE", help="its private key (PEM)")
+    b.add_argument("--insecure", action="store_true", help="allow a plain tcp:// scheduler beyond loopback")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,8 +89,24 @@ def run(args: argparse.Namespace) -> int:
 
 def make_runner(args: argparse.Namespace) -> Any:
     """The runner that measures every kernel's candidates (the :class:`~cuvil.autotune.measure.Runner`
-    protocol), or None: each kernel's tune() call then starts local workers of its own.  ``run`` closes it."""
-    return None
+    protocol), or None: each kernel's tune() call then starts local workers of its own.  ``run`` closes it.
+    ``--cluster URL --board NAME``: a :class:`~cuvil.autotune.dask_runner.DaskRunner` on that scheduler's boards
+    of kind NAME (TLS from the --tls-* files; plain tcp:// only on loopback unless --insecure)."""
+    from cuvil.errors import ArgumentError
+
+    if not args.cluster:
+        if args.board:
+            raise ArgumentError("--board names a kind of board on a cluster: give --cluster URL too")
+        return None
+    if not args.board:
+        raise ArgumentError("--cluster needs --board NAME: the kind of board to measure on (cuvil cluster status "
+                            f"{args.cluster} lists them)")
+    from cuvil.autotune.cluster import _connect_address, security
+    from cuvil.autotune.dask_runner import DaskRunner
+
+    sec = security(args, "client")
+    address = _connect_address(argparse.Namespace(address=args.cluster, insecure=args.insecure), sec)
+    return DaskRunner(address, board=args.board, security=sec, timeout_s=args.timeout)
 
 
 def resolve_model(args: argparse.Namespace, workdir: str) -> tuple[Any, dict[str, tuple[int, ...]]]:
