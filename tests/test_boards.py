@@ -173,6 +173,20 @@ print("mods", sorted(m for m in sys.modules if m.split(".")[0] in ("islpy", "llv
     assert "mods []" in res.stdout
 
 
+def test_facts_parse_x86_and_aarch64() -> None:
+    from cuvil.autotune.board_facts import cache_bytes, cpu_features
+
+    x86 = "processor\t: 0\nflags\t\t: fpu avx2 fma sse4_2 avx2\nbugs\t\t: spectre_v1\n"
+    arm = "processor\t: 0\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd evtstrm crc32 asimddp\nCPU part\t: 0xd0b\n"
+    assert cpu_features("x86_64", x86) == ["avx2", "fma", "fpu", "sse4_2"]
+    assert cpu_features("aarch64", arm) == ["asimd", "asimddp", "crc32", "evtstrm", "fp"]
+    assert [cache_bytes(t) for t in ("48K", "2048K", "32M", "?")] == [48 << 10, 2 << 20, 32 << 20, 0]
+    f = board.facts()
+    assert f["board"] == "local" and f["exec"] is None and f["threads"] == 1 and f["cuvil"] == cuvil.__version__
+    assert f["caches"]["L1d"] > 0 and f["cores"] >= 1 and f["cpu_features"] == sorted(f["cpu_features"])
+    assert board.facts_hash(f) == board.facts_hash(dict(f, hostname="elsewhere"))
+
+
 def test_refusals(tmp_path, capsys) -> None:
     from cuvil.cli import main
 

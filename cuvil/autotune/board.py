@@ -25,7 +25,6 @@ import atexit
 import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import socket
@@ -38,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from cuvil.autotune.board_facts import host_facts
 from cuvil.errors import ArgumentError
 
 RESOURCE_PREFIX = "cuvil-board-"  # a board of kind NAME is a Dask worker with the resource cuvil-board-NAME=1
@@ -106,94 +106,8 @@ def board_config() -> BoardConfig:
     return BoardConfig(check_name(name), max(1, threads), os.environ.get("CUVIL_BOARD_EXEC") or None)
 
 
-# -- facts ------------------------------------------------------------------------------------------
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def _cpu_features(arch: str) -> list[str]:
-    text = _read("/proc/cpuinfo") or ""
-    field = "features" if arch.lower() in ("aarch64", "arm64") or arch.startswith("arm") else "flags"
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip().lower() == field:
-            return sorted(set(value.split()))
-    return []
-
-
-def _size(text: str) -> int:
-    m = re.fullmatch(r"(\d+)\s*([KMG]?)", text.strip().upper())
-    if not m:
-        return 0
-    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
-
-
-def _caches() -> dict[str, int]:
-    """L1d, L2 and L3 sizes in bytes, from /sys (0 where the kernel does not say)."""
-    out = {"L1d": 0, "L2": 0, "L3": 0}
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        entries = sorted(os.listdir(base))
-    except OSError:
-        return out
-    for e in entries:
-        if not e.startswith("index"):
-            continue
-        level, kind, size = (_read(f"{base}/{e}/{f}") for f in ("level", "type", "size"))
-        if not level or not size or kind == "Instruction":
-            continue
-        key = "L1d" if level == "1" else f"L{level}"
-        if key in out:
-            out[key] = max(out[key], _size(size))
-    return out
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def _triple(arch: str) -> str:
-    system = platform.system().lower()
-    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(arch.lower(), arch.lower())
-    if system == "darwin":
-        return f"{'arm64' if arch == 'aarch64' else arch}-apple-darwin"
-    return f"{arch}-unknown-{system}-gnu" if system == "linux" else f"{arch}-unknown-{system}"
-
-
-def _versions() -> dict[str, str | None]:
-    import cuvil
-
-    try:
-        import distributed
-
-        dist: str | None = distributed.__version__
-    except ImportError:
-        dist = None
-    return {"cuvil": cuvil.__version__, "numpy": np.__version__, "python": platform.python_version(),
-            "distributed": dist}
-
-
-_HOST_FACTS: dict[str, Any] | None = None
+# -- facts ----------------------------------------------------------------------------------------
 _EXEC_FACTS: dict[str, dict[str, Any]] = {}
-
-
-def host_facts() -> dict[str, Any]:
-    """This machine's facts (no board fields); read once per process."""
-    global _HOST_FACTS
-    if _HOST_FACTS is None:
-        arch = platform.machine()
-        _HOST_FACTS = {"arch": arch, "triple": _triple(arch), "cpu_features": _cpu_features(arch),
-                       "caches": _caches(), "cores": _cores(),
-                       "governor": _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"),
-                       **_versions(), "hostname": socket.gethostname()}
-    return dict(_HOST_FACTS)
 
 
 def _exec_facts(prefix: str) -> dict[str, Any]:
