@@ -13,8 +13,7 @@ Their arithmetic follows onnxruntime's kernels, so that results agree to the ste
   the output's): a 256-entry table computed when compiling (dequantize, apply, quantize) and read at run
   time: an 8-bit input has only 256 values.
 - QLinearSoftmax: softmax of the dequantized values along ``axis`` (before opset 13 over the flattened
-  dimensions from ``axis`` on: the node's ``opset`` attribute), quantized; the row's largest code is
-  subtracted as integers first.
+  dimensions from ``axis`` on: the node's ``opset`` attribute), quantized, through a table of exponentials.
 - QGemm: the integer product of :mod:`cuvil.graph.ops.quant_mm` with an int32 bias ``C``, scaled by
   ``alpha * sa * sb[c]`` and requantized by ``y_scale`` / ``y_zero_point`` (a float32 result without them).
 """
@@ -29,7 +28,7 @@ import numpy as np
 from cuvil import te
 from cuvil.errors import DTypeError
 from cuvil.graph.ops.base import NodeCtx, Shaped, broadcast_shapes, elementwise, norm_axis, op
-from cuvil.graph.ops.quant import QRANGE, quantize_expr
+from cuvil.graph.ops.quant import QRANGE
 from cuvil.graph.ops.quant_mm import _I8, matmul_corrected, requant_multiplier, requantize, scale_value
 
 MS_OPS = frozenset({"QGemm", "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QLinearConcat",
@@ -235,6 +234,9 @@ def qgemm(ctx: NodeCtx) -> list:
 
 @op("QLinearSoftmax")
 def qlinear_softmax(ctx: NodeCtx) -> list:
+    """Softmax of 8-bit codes: ``exp(sx (x - max))`` depends only on ``max - x`` in 0..255, so it is a
+    256-entry table computed when compiling (onnxruntime does the same); each row sums its table
+    values once and scales them by ``1 / (sum * y_scale)``."""
     qx = _qtype(ctx, 0)
     qy = ctx.dtype(4) if ctx.has(4) else qx
     if qy not in _I8:
@@ -248,15 +250,21 @@ def qlinear_softmax(ctx: NodeCtx) -> list:
     else:
         pre, n, post = math.prod(xs[:axis]), math.prod(xs[axis:]), 1
     X = ctx.tensor(0, (pre, n, post))
+    table = np.exp(-np.arange(256, dtype=np.float64) * float(sx)).astype(np.float32)
+    T = ctx.constant(table, keyed=True)
     k = te.reduce_axis((0, n), name="k")
     mx = te.compute((pre, post), lambda p, q: te.max(te.cast(X[p, k, q], "int32"), axis=k), name="qsm_max")
 
     def e(p: Any, c: Any, q: Any) -> Any:
-        return te.exp(te.cast(te.cast(X[p, c, q], "int32") - mx[p, q], "float32") * float(sx))
+        return T[mx[p, q] - te.cast(X[p, c, q], "int32")]
 
     k2 = te.reduce_axis((0, n), name="k2")
     total = te.compute((pre, post), lambda p, q: te.sum(e(p, k2, q), axis=k2), name="qsm_sum")
-    y = te.compute((pre, n, post), lambda p, c, q: quantize_expr(e(p, c, q) / total[p, q],
-                                                                 te.const(float(sy), "float32"),
-                                                                 te.const(zy, "int32"), qy), name="qsoftmax")
-    return [Shaped(y, xs)]
+    inv = te.compute((pre, post), lambda p, q: 1.0 / (total[p, q] * float(sy)), name="qsm_scale")
+    lo, hi = QRANGE[qy]
+
+    def body(p: Any, c: Any, q: Any) -> Any:
+        v = te.round(e(p, c, q) * inv[p, q]) + float(zy)
+        return te.cast(te.min(te.max(v, te.const(float(lo), "float32")), te.const(float(hi), "float32")), qy)
+
+    return [Shaped(te.compute((pre, n, post), body, name="qsoftmax"), xs)]
