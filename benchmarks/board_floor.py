@@ -133,14 +133,28 @@ def start_worker(root: str, name: str, address: str, certs: dict[str, tuple[str,
                             cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def wait_boards(address: str, certs: dict[str, tuple[str, str]], n: int) -> None:
+def client(address: str, certs: dict[str, tuple[str, str]]) -> object:
     from distributed import Client
     from distributed.security import Security
 
     sec = Security(tls_ca_file=certs["ca"][0], tls_client_cert=certs["tuner"][0], tls_client_key=certs["tuner"][1],
                    require_encryption=True)
-    with Client(address, security=sec, timeout=30) as c:
-        c.wait_for_workers(n, timeout=120)
+    return Client(address, security=sec, timeout=30)
+
+
+def kill_when_busy(c: object, worker: subprocess.Popen, wait_s: float = 120.0) -> bool:
+    """SIGKILL ``worker`` once it is measuring (a task in progress there), or after ``wait_s``; whether it was
+    measuring when it died."""
+    pids = c.run(os.getpid)  # type: ignore[attr-defined]
+    addr = next(a for a, pid in pids.items() if pid == worker.pid)
+    end = time.monotonic() + wait_s
+    busy = False
+    while time.monotonic() < end and not busy:
+        busy = bool(c.processing(workers=[addr]).get(addr))  # type: ignore[attr-defined]
+        if not busy:
+            time.sleep(0.05)
+    worker.send_signal(signal.SIGKILL)
+    return busy
 
 
 def records(db: str) -> list[tuple]:
@@ -181,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         address = start_scheduler(root, certs, procs)
         workers = [start_worker(root, f"board{k}", address, certs) for k in (1, 2)]
         procs += workers
-        wait_boards(address, certs, 2)
+        watcher = client(address, certs)
+        watcher.wait_for_workers(2, timeout=120)  # type: ignore[attr-defined]
         print(f"[floor] scheduler {address}, 2 boards of kind {BOARD!r} (islpy and llvmlite not importable there), "
               f"{time.monotonic() - t0:.0f} s", flush=True)
         db = os.path.join(root, "tuning.db")
@@ -198,12 +213,13 @@ def main(argv: list[str] | None = None) -> int:
             if len(before) >= a.kill_after:
                 break
             time.sleep(0.5)
-        killed = tuner.poll() is None
+        killed, busy = tuner.poll() is None, False
         if killed:
-            workers[0].send_signal(signal.SIGKILL)
+            busy = kill_when_busy(watcher, workers[0])
             before = records(db)  # every record committed up to the kill
-            print(f"[floor] killed board 1 (SIGKILL) with {len(before)} records in, "
-                  f"{time.monotonic() - t0:.0f} s", flush=True)
+            print(f"[floor] killed board 1 (SIGKILL) {'while it measured' if busy else 'while idle'}, with "
+                  f"{len(before)} records in, {time.monotonic() - t0:.0f} s", flush=True)
+        watcher.close()  # type: ignore[attr-defined]
         code = tuner.wait()
         tuner_log.seek(0)
         log = tuner_log.read()
@@ -215,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[floor] tune exited {code} after {time.monotonic() - t0:.0f} s; {len(after)} records of board "
               f"{BOARD!r}: {statuses}", flush=True)
         checks.append(("the tuner finished", code == 0))
-        checks.append((f"one board killed mid-run (after {len(before)} records)", killed))
+        checks.append((f"one board killed mid-run, {'mid-measurement' if killed and busy else 'idle'} (after "
+                       f"{len(before)} records)", killed))
         checks.append((f"every trial recorded ({len(after)} of {a.trials})", len(after) == a.trials))
         checks.append(("no record committed before the kill was lost or changed", set(before) <= set(after)))
         checks.append(("the run completed on the other board", workers[1].poll() is None and code == 0))

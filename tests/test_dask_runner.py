@@ -65,14 +65,17 @@ def _records(db: str, board: str) -> list:
 def test_dask_runner_gives_the_local_runners_records(cluster, tmp_path) -> None:
     """The same random search measured locally and on the boards: the same candidates, all correct, the same
     traces, filed under the board kind; times agree within 2x (same machine and protocol; the 2x allows this
-    shared machine's load).  build(board=) replays the board's best, build() without it the host's."""
+    shared machine's load); a final round held in a later call runs on a board.  build(board=) replays the
+    board's best, build() without it the host's."""
     db = str(tmp_path / "t.db")
     args = matmul()
     local = tune(args, trials=4, db=db, num_threads=1, search="random", progress=False, final_top=0)
     runner = DaskRunner(client=cluster, board="x")
     assert runner.target == "llvm" and runner.threads == 1  # the boards are this machine
     try:
-        res = tune(matmul(), trials=4, db=db, runner=runner, search="random", progress=False, final_top=2)
+        res = tune(matmul(), trials=4, db=db, runner=runner, search="random", progress=False, final_top=0)
+        # the final round alone, in a later call (as tune_kernels holds it): the boards get the untuned library
+        tune(matmul(), trials=4, db=db, runner=runner, search="random", progress=False, final_top=2)
     finally:
         runner.close()
     assert local.measured == 4 and res.measured == 4  # the board kind's records are its own count
@@ -87,6 +90,7 @@ def test_dask_runner_gives_the_local_runners_records(cluster, tmp_path) -> None:
     wl = workload_of(args, "llvm")
     with Database(db) as d:
         assert d.on("x").best(wl.key, wl.target, 1).final_round is not None  # the final round ran on a board
+        assert not d.on("x").final_stale(wl.key, wl.target, 1)
         best = {b: d.on(b).best(wl.key, wl.target, 1) for b in ("", "x")}
     from cuvil.autotune.replay import apply_best
     from cuvil.schedule.trace import trace_to_json
@@ -335,3 +339,16 @@ def test_the_floor(tmp_path) -> None:
                          timeout=1800)
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     assert out.stdout.count("[floor] PASS") == 6
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--board", "x"], "--board names a kind of board on a cluster: give --cluster URL too"),
+    (["--cluster", "tcp://127.0.0.1:8786"], "--cluster needs --board NAME"),
+    (["--cluster", "tls://127.0.0.1:8786", "--board", "x"], "is a TLS address: give --tls-ca-file"),
+    (["--cluster", "tcp://192.0.2.1:8786", "--board", "x"], "without TLS anyone who can reach it can run code"),
+])
+def test_tune_cluster_options_are_checked(argv, message, capsys) -> None:
+    from cuvil.cli import main
+
+    assert main(["tune", "mlp", "--trials", "1", *argv]) == 1
+    assert message in capsys.readouterr().err

@@ -199,11 +199,15 @@ class DaskRunner:
         return out  # type: ignore[return-value]
 
     def final(self, builds: Sequence[BuildResult], rounds: int = 15) -> list[RunResult]:
-        """The final round on one board: ``builds[0]`` is the untuned schedule (the library every board holds
-        already), the rest are timed against it and each other."""
+        """The final round on one board: ``builds[0]`` is the untuned schedule, the rest are timed against it and
+        each other.  After :meth:`reference` the boards hold the untuned library (and check every finalist
+        against its outputs); a final round alone (a workload measured in an earlier call) sends it too."""
         opts = {"rounds": rounds, "min_run_s": self.min_run_s, "budget_s": self.timeout_s * len(builds) / 2,
                 "timeout_s": self.timeout_s}
-        task = _Task([_lib(b) for b in builds[1:]], "final", len(builds), pin=True)
+        if self._data is None:
+            raise ArgumentError("DaskRunner.final: call set_inputs first")
+        held = self._data.get("ref_lib") is not None  # the boards hold the untuned library: it goes first there
+        task = _Task([_lib(b) for b in builds[1 if held else 0:]], "final", len(builds), pin=True)
         reply = self._dispatch([task], opts)[0]
         if isinstance(reply, list):
             return reply
@@ -221,7 +225,10 @@ class DaskRunner:
     # -- tasks --------------------------------------------------------------------------------------
     def _live(self) -> list[str]:
         """The addresses of the boards of the kind the scheduler knows now, quarantined ones left out."""
-        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        try:
+            info = self.client.scheduler_info(n_workers=-1)["workers"]  # (every worker, not the first 5)
+        except TypeError:  # distributed before 2025: every worker always
+            info = self.client.scheduler_info()["workers"]
         return sorted(a for a, w in info.items() if self.resource in (w.get("resources") or {})
                       and a not in self.quarantined)
 
