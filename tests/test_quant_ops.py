@@ -120,14 +120,14 @@ def test_dynamic_quantize_matmul_integer():
 
 @reference.budget(0.25)
 @given(m=st.integers(1, 6), k=st.integers(1, 9), n=st.integers(1, 7), qa=QT, qb=QT, batch=st.booleans(),
-       seed=st.integers(0, 2**16))
-def test_qlinear_matmul(m, k, n, qa, qb, batch, seed):
-    """QLinearMatMul (constant or fed weights, batched) and MatMulInteger with both zero points
-    (onnxruntime takes int8 A only with int8 B)."""
+       a_batched=st.booleans(), seed=st.integers(0, 2**16))
+def test_qlinear_matmul(m, k, n, qa, qb, batch, a_batched, seed):
+    """QLinearMatMul (constant or fed weights, batched, A broadcast over B's batches or not) and
+    MatMulInteger with both zero points (onnxruntime takes int8 A only with int8 B)."""
     qb = "int8" if qa == "int8" else qb
     r = np.random.default_rng(seed)
     lo = {"uint8": 0, "int8": -128}
-    a = r.integers(lo[qa], lo[qa] + 256, ((2,) if batch else ()) + (m, k)).astype(qa)
+    a = r.integers(lo[qa], lo[qa] + 256, ((2,) if batch and a_batched else ()) + (m, k)).astype(qa)
     b = r.integers(lo[qb], lo[qb] + 256, ((2,) if batch else ()) + (k, n)).astype(qb)
     za, zb, zy = (np.array(r.integers(lo[t], lo[t] + 256), t) for t in (qa, qb, qa))
     sa, sb, sy = (np.array(r.uniform(0.001, 0.05), np.float32) for _ in range(3))

@@ -20,7 +20,6 @@ time (DynamicQuantizeLinear's).
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -165,35 +164,16 @@ def _batched_products(ctx: NodeCtx, a_i: int, b_i: int, name: str) -> tuple[Tens
         A = ctx.tensor(a_i, (rows, kk))
         w = w_known.reshape(kk, n) if w_known is not None else ctx.tensor(b_i, (kk, n))
         return int_matmul(ctx, A, w, name), out, w_known
-    # batched weights: one integer contraction per batch, gathered into (batch, M, N)
+    # batched weights: one integer contraction over every batch (an operand with one batch is broadcast)
     nb, m = math.prod(batch), a2[-2]
-    A = ctx.tensor(a_i, a2)
-    B = ctx.tensor(b_i, b2) if w_known is None else None
-    parts = []
-    for flat, bidx in enumerate(itertools.product(*(range(d) for d in batch))):
-        def pick(shape: tuple[int, ...], idx: tuple[int, ...] = bidx) -> tuple[int, ...]:
-            off = len(batch) - (len(shape) - 2)
-            return tuple(0 if shape[d] == 1 else idx[off + d] for d in range(len(shape) - 2))
-
-        ab, bb = pick(a2), pick(b2)
-        a_t = te.compute((m, kk), _slice_reader(A, ab), name=f"{name}_a{flat}")
-        if w_known is not None:
-            w_b: Any = np.ascontiguousarray(w_known[bb])
-        else:
-            w_b = te.compute((kk, n), _slice_reader(B, bb), name=f"{name}_b{flat}")
-        parts.append(int_matmul(ctx, a_t, w_b, f"{name}{flat}"))
-
-    def gather(b: Any, i: Any, j: Any) -> Any:
-        v = parts[-1][i, j]
-        for q in range(nb - 2, -1, -1):
-            v = te.if_then_else(b == q, parts[q][i, j], v)
-        return v
-
-    return te.compute((nb, m, n), gather, name=f"{name}_batched"), out, w_known
-
-
-def _slice_reader(t: Tensor, lead: tuple[int, ...]) -> Callable[[Any, Any], Any]:
-    return lambda i, j: t[lead + (i, j)]
+    if math.prod(a2[:-2]) == nb:
+        A3 = ctx.tensor(a_i, (nb, m, kk))
+    else:
+        A2 = ctx.tensor(a_i, (m, kk))
+        A3 = te.compute((nb, m, kk), lambda b, i, k: A2[i, k], name=f"{name}_a")
+    # (B has every batch here: a single one took the branch above)
+    w3: Any = w_known.reshape(nb, kk, n) if w_known is not None else ctx.tensor(b_i, (nb, kk, n))
+    return int_matmul(ctx, A3, w3, name), out, w_known
 
 
 def _rowsum(acc_shape: tuple[int, ...], ctx: NodeCtx, a_i: int, kk: int) -> Callable[..., Any]:
