@@ -1,4 +1,5 @@
-"""8-bit dot products in LLVM IR: :func:`cuvil.ir.expr.dot4` (four byte products per int32, summed).
+"""Packed dot products in LLVM IR: :func:`cuvil.ir.expr.dot4` (four byte products per int32, summed)
+and :func:`cuvil.ir.expr.dot2_bf16` (two bfloat16 products per int32, summed in float32).
 
 An integer contraction (:mod:`cuvil.graph.ops.qkernels`) packs four reduction steps per int32 and sums
 ``dot4`` over them, because LLVM does not form the CPUs' dot-product instructions from a byte-wise
@@ -12,6 +13,12 @@ target's features have one (never decided by the CPU's name):
   ``llvm.aarch64.neon.*dot.v4i32.v16i8``.
 
 Elsewhere (and for scalars) it is the byte arithmetic: :func:`dot4_bytes`.
+
+``acc + dot2_bf16(u, s)`` (float32 lanes) becomes x86's ``vdpbf16ps`` (``avx512bf16``; at 256 and 128
+bits with ``avx512vl``): ``llvm.x86.avx512bf16.dpbf16ps.{512,256,128}``, whose operands are vectors of
+LLVM's ``bfloat`` (the int32 lanes bitcast).  Elsewhere it is float32 arithmetic on the halves widened
+by a shift (:func:`dot2_bf16_arith`).  :func:`bf16_pair_arith` rounds two float32 to bfloat16 (nearest,
+ties to even) and packs them, with integer arithmetic on the bits (scalar or vector).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any
 from llvmlite import ir
 
 from cuvil.codegen.llvm_expr import I32
-from cuvil.ir.expr import DOT4_KINDS
+from cuvil.ir.expr import DOT2_BF16, DOT4_KINDS
 
 
 def dot4_kinds(target: Any) -> dict[str, tuple[str, bool]]:
@@ -112,3 +119,112 @@ def dot4_vector(b: ir.IRBuilder, target: Any, name: str, u: ir.Value, s: ir.Valu
         sel = ir.Constant(ir.VectorType(I32, 2 * w), list(range(2 * w)))
         parts = [b.shuffle_vector(parts[k], parts[k + 1], sel) for k in range(0, len(parts), 2)]
     return parts[0]
+
+
+# -- bfloat16 pairs ---------------------------------------------------------------------------
+
+
+class BFloatType(ir.Type):
+    """LLVM's ``bfloat`` (llvmlite has no such type): only ever the element of a vector that an int32
+    vector is bitcast to for the ``vdpbf16ps`` intrinsic."""
+
+    def _to_string(self) -> str:
+        return "bfloat"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BFloatType)
+
+    def __hash__(self) -> int:
+        return hash(BFloatType)
+
+
+def bf16_dot_width(target: Any, lanes: int) -> int | None:
+    """The float32 lanes of the ``vdpbf16ps`` that computes ``lanes`` lanes of ``acc + dot2_bf16`` on
+    ``target`` (16 with AVX512-BF16, 8 or 4 with AVX512-VL too), None without the instruction or for a
+    lane count no register width divides into a power of two of registers."""
+    feats = set(getattr(target, "enabled_features", ()))
+    if not str(getattr(target, "triple", "")).startswith("x86_64") or "avx512bf16" not in feats:
+        return None
+    widths = [16] + ([8, 4] if "avx512vl" in feats else [])
+    for w in widths:
+        if lanes % w == 0 and not (lanes // w) & (lanes // w - 1):
+            return w
+    return None
+
+
+def _like(v: ir.Value, elem: ir.Type) -> ir.Type:
+    return ir.VectorType(elem, v.type.count) if isinstance(v.type, ir.VectorType) else elem
+
+
+def _splat(v: ir.Value, value: int) -> ir.Constant:
+    return ir.Constant(_like(v, I32), value)
+
+
+def dot2_bf16_arith(b: ir.IRBuilder, u: ir.Value, s: ir.Value) -> ir.Value:
+    """:func:`cuvil.ir.expr.dot2_bf16` of int32 scalars or vectors in float32 arithmetic: each half
+    widened to float32 by putting its bits on top (a bf16 is the upper half of a float32), the two
+    exact products added."""
+    ft = _like(u, ir.FloatType())
+    mask = _splat(u, -65536)  # 0xFFFF0000
+
+    def halves(v: ir.Value) -> tuple[ir.Value, ir.Value]:
+        return b.bitcast(b.shl(v, _splat(v, 16)), ft), b.bitcast(b.and_(v, mask), ft)
+
+    (u0, u1), (s0, s1) = halves(u), halves(s)
+    return b.fadd(b.fmul(u1, s1), b.fmul(u0, s0))
+
+
+def bf16_pair_arith(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value) -> ir.Value:
+    """:func:`cuvil.ir.expr.bf16_pair` of float32 scalars or vectors: each rounded to nearest even by
+    adding ``0x7FFF + (bit 16)`` to its bits (a carry into the exponent rounds up to the next binade or
+    to infinity, as it should), a NaN made quiet instead (adding could turn it into an infinity), and
+    the upper halves packed, ``lo``'s in the low 16 bits."""
+    it = _like(lo, I32)
+
+    def rounded(x: ir.Value) -> ir.Value:
+        bits = b.bitcast(x, it)
+        odd = b.and_(b.lshr(bits, _splat(x, 16)), _splat(x, 1))
+        near = b.add(bits, b.add(odd, _splat(x, 0x7FFF)))
+        return b.select(b.fcmp_unordered("uno", x, x), b.or_(bits, _splat(x, 0x00400000)), near)
+
+    return b.or_(b.lshr(rounded(lo), _splat(lo, 16)), b.and_(rounded(hi), _splat(hi, -65536)))
+
+
+def dot2_bf16_vector(b: ir.IRBuilder, target: Any, u: ir.Value, s: ir.Value, acc: ir.Value | None) -> ir.Value:
+    """``acc + dot2_bf16(u, s)`` over vectors of lanes (int32 pairs in, float32 out): one ``vdpbf16ps``
+    per register of lanes where ``target`` has AVX512-BF16 (the lanes split and joined by shuffles),
+    float32 arithmetic otherwise."""
+    n = u.type.count
+    width = bf16_dot_width(target, n)
+    ft = ir.VectorType(ir.FloatType(), n)
+    if width is None:
+        d = dot2_bf16_arith(b, u, s)
+        return d if acc is None else b.fadd(acc, d)
+    if acc is None:
+        acc = ir.Constant(ft, None)
+    vt = ir.VectorType(ir.FloatType(), width)
+    bt = ir.VectorType(BFloatType(), 2 * width)
+    fname = f"llvm.x86.avx512bf16.dpbf16ps.{32 * width}"
+    fn = b.module.globals.get(fname) or ir.Function(b.module, ir.FunctionType(vt, [vt, bt, bt]), fname)
+
+    def part(v: ir.Value, lo: int) -> ir.Value:
+        if width == n:
+            return v
+        return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width), list(range(lo, lo + width))))
+
+    parts = [b.call(fn, [part(acc, lo), b.bitcast(part(u, lo), bt), b.bitcast(part(s, lo), bt)])
+             for lo in range(0, n, width)]
+    while len(parts) > 1:  # concatenate pairwise (n / width is a power of two)
+        w = parts[0].type.count
+        sel = ir.Constant(ir.VectorType(I32, 2 * w), list(range(2 * w)))
+        parts = [b.shuffle_vector(parts[k], parts[k + 1], sel) for k in range(0, len(parts), 2)]
+    return parts[0]
+
+
+def dot_vector(b: ir.IRBuilder, target: Any, name: str, u: ir.Value, s: ir.Value, acc: ir.Value | None
+               ) -> ir.Value:
+    """``acc + name(u, s)`` over vectors of lanes for any packed dot-product call (``dot4_*``,
+    ``dot2_bf16``)."""
+    if name == DOT2_BF16:
+        return dot2_bf16_vector(b, target, u, s, acc)
+    return dot4_vector(b, target, name, u, s, acc)

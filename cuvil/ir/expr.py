@@ -465,6 +465,41 @@ def dot4(u: Expr, s: Expr, signs: str = "us") -> Call:
 
 
 # ---------------------------------------------------------------------------
+# packed bf16 dot products
+# ---------------------------------------------------------------------------
+
+DOT2_BF16 = "dot2_bf16"
+BF16_PAIR = "bf16_pair"
+# every packed dot-product call a contraction may sum (:mod:`cuvil.schedule.contraction`)
+DOT_CALLS = frozenset(DOT4_KINDS) | {DOT2_BF16}
+
+
+def dot2_bf16(u: Expr, s: Expr) -> Call:
+    """The float32 sum of the two products ``u.half[t] * s.half[t]`` (t = 0, 1; half 0 the low 16 bits)
+    of two int32 values that each hold two bfloat16 numbers (see :func:`bf16_pair`).  Each product of
+    two bf16 is exact in float32 (8 + 8 significant bits); the two additions round.
+
+    A bf16 contraction (:mod:`cuvil.graph.ops.bf16`) packs two reduction steps per int32 and sums
+    ``dot2_bf16`` over them: the LLVM code generator emits one float32 lane of x86's ``vdpbf16ps``
+    (AVX512-BF16) for ``acc + dot2_bf16(u, s)`` in a vector loop; elsewhere it is float32 arithmetic on
+    the widened halves (the same result up to the order of the two roundings)."""
+    u, s = as_expr(u), as_expr(s)
+    if u.dtype != "int32" or s.dtype != "int32":
+        raise DTypeError(f"dot2_bf16 takes two int32 values of two packed bfloat16, got {u.dtype} and {s.dtype}")
+    return Call("float32", DOT2_BF16, (u, s))
+
+
+def bf16_pair(lo: Expr, hi: Expr) -> Call:
+    """The int32 whose low 16 bits are ``lo`` and high 16 bits ``hi``, both float32 rounded to bfloat16
+    (round to nearest, ties to even, as x86's ``vcvtne2ps2bf16``; a NaN stays a quiet NaN): the operand
+    of :func:`dot2_bf16` for two consecutive reduction steps of an activation."""
+    lo, hi = as_expr(lo), as_expr(hi)
+    if lo.dtype != "float32" or hi.dtype != "float32":
+        raise DTypeError(f"bf16_pair rounds two float32 values, got {lo.dtype} and {hi.dtype}")
+    return Call("int32", BF16_PAIR, (lo, hi))
+
+
+# ---------------------------------------------------------------------------
 # bounds checks
 # ---------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cuvil.ir.expr import DOT4_KINDS, Binary, Call, Cast, Expr, IterVar, Reduce, TensorRead
+from cuvil.ir.expr import DOT_CALLS, Binary, Call, Cast, Expr, IterVar, Reduce, TensorRead
 from cuvil.ir.functor import free_vars
 from cuvil.schedule.axes import const_int
 from cuvil.te.tensor import ComputeOp
@@ -40,14 +40,14 @@ class Contraction:
 
 
 def product_operands(body: Expr) -> tuple[TensorRead, TensorRead] | None:
-    """The two reads of ``sum(X[...] * Y[...])`` or ``sum(dot4(X[...], Y[...]))`` (casts around them
-    allowed), or None."""
+    """The two reads of ``sum(X[...] * Y[...])``, ``sum(dot4(X[...], Y[...]))`` or
+    ``sum(dot2_bf16(X[...], Y[...]))`` (casts around them allowed), or None."""
     if not isinstance(body, Reduce) or body.name != "sum" or body.where is not None:
         return None
     src = body.source
     while isinstance(src, Cast):
         src = src.value
-    if isinstance(src, Call) and src.name in DOT4_KINDS:  # four packed 8-bit steps at once (an int8 contraction)
+    if isinstance(src, Call) and src.name in DOT_CALLS:  # packed steps at once: dot4 (int8), dot2_bf16
         args = src.args
     elif isinstance(src, Binary) and src.op == "mul":
         args = (src.a, src.b)
