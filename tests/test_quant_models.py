@@ -32,7 +32,6 @@ import onnxruntime as ort  # noqa: E402
 
 import cuvil.onnx  # noqa: E402
 from cuvil import bench_quant, registry  # noqa: E402
-from cuvil.errors import UnsupportedOpError  # noqa: E402
 from cuvil.registry import quantize  # noqa: E402
 
 MODELS = ["resnet18", "resnet50", "mobilenetv2", "bert-base", "distilbert", "gpt2"]
@@ -43,10 +42,8 @@ FAST = {("resnet18", "qdq-u8s8"), ("bert-base", "qdq-s8s8"), ("resnet18", "qop-u
 
 # (model, scheme, test) -> (exception cuvil raises today, what it says); "*" stands for every model.
 # test: "match" (outputs beside onnxruntime) or "int" (no float contraction left).  strict: a fix is an XPASS.
+# Empty since QLinearSoftmax landed (171d3a1): every case of the set passes.
 XFAIL: dict[tuple[str, str, str], tuple[type[BaseException], str]] = {}
-for _t in ("match", "int"):
-    for _m in ("bert-base", "distilbert", "gpt2"):  # onnxruntime's QOperator quantizer writes QLinearSoftmax
-        XFAIL[_m, "qop-u8s8", _t] = (UnsupportedOpError, "com.microsoft.QLinearSoftmax")
 
 
 def _cases(test: str) -> list[Any]:
