@@ -15,15 +15,16 @@ which the code generator emits as ``vdpbf16ps``.  The auto-scheduler tiles it li
 
 Error bound.  A bfloat16 keeps 8 significant bits: rounding ``x`` to nearest gives ``x (1 + d)`` with
 ``|d| <= 2^-9``, so a product of two rounded operands is ``a w (1 + e)`` with ``|e| <= 2^-8 + 2^-18``
-and is exact in float32.  Summing ``K`` of them in float32 adds at most ``~K * 2^-24`` relative to
-``sum |a w|``.  So, for every output,
+and is exact in float32.  Summing ``K`` of them in float32 (``K / 2`` steps of two additions, the
+last pair padded with a zero for an odd ``K``) adds at most ``(K + 2) * 2^-24`` of ``sum |a w|``.
+So, for every output,
 
-    |y_bf16 - y_exact| <= (2 * 2^-9 + 2^-18 + K * 2^-24) * sum_k |a_k| |w_k|     (+ fp32's own error)
+    |y_bf16 - y_exact| <= (2 * 2^-9 + 2^-18 + (K + 2) * 2^-24) * sum_k |a_k| |w_k|
 
-(``2 * 2^-9 * sum |a||w|`` is the leading term: the bound does not shrink with cancellation, so an
-output near zero can have a large *relative* error).  ``vdpbf16ps`` also treats bfloat16 subnormals
-(below ~1.2e-38) as zero.  tests/test_bf16.py checks every output against this bound computed from
-the inputs.
+(plus float32's rounding of a bias added afterwards).  ``2 * 2^-9 * sum |a||w|`` is the leading term;
+the bound does not shrink with cancellation, so an output near zero can have a large *relative*
+error.  ``vdpbf16ps`` also treats bfloat16 subnormals (below ~1.2e-38) as zero.  tests/test_bf16.py
+checks every output against this bound computed from the inputs.
 """
 
 from __future__ import annotations
