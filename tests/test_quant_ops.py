@@ -118,6 +118,40 @@ def test_dynamic_quantize_matmul_integer():
     _equal(got, ref)
 
 
+def test_dynamic_integer_to_float():
+    """quantize_dynamic's MatMulInteger / ConvInteger -> Cast -> Mul(x_scale * w_scale) become one kernel
+    each (the int32 sums scaled in its epilogue, the bias Add fused after it), equal to onnxruntime."""
+    r = np.random.default_rng(6)
+    x = r.standard_normal((4, 6)).astype(np.float32)
+    img = r.standard_normal((1, 2, 5, 5)).astype(np.float32)
+    inits = {"w": r.integers(0, 256, (6, 3)).astype(np.uint8), "zw": np.uint8(128), "sw": np.float32(0.02),
+             "b": r.standard_normal(3).astype(np.float32), "wc": r.integers(0, 256, (3, 2, 3, 3)).astype(np.uint8),
+             "zwc": np.uint8(120), "swc": np.float32(0.01)}
+    nodes = [h.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             h.make_node("MatMulInteger", ["xq", "w", "xz", "zw"], ["acc"]),
+             h.make_node("Cast", ["acc"], ["accf"], to=T.FLOAT),
+             h.make_node("Mul", ["xs", "sw"], ["s"]),
+             h.make_node("Mul", ["accf", "s"], ["m"]),
+             h.make_node("Add", ["m", "b"], ["y"]),
+             h.make_node("DynamicQuantizeLinear", ["img"], ["iq", "is", "iz"]),
+             h.make_node("ConvInteger", ["iq", "wc", "iz", "zwc"], ["cacc"], pads=[1, 1, 1, 1]),
+             h.make_node("Cast", ["cacc"], ["caccf"], to=T.FLOAT),
+             h.make_node("Mul", ["is", "swc"], ["cs"]),
+             h.make_node("Mul", ["cs", "caccf"], ["cy"])]
+    feeds = {"x": x, "img": img}
+    model = _model(nodes, feeds, [("y", "float32"), ("cy", "float32")], inits)
+    s = cuvil.onnx.InferenceSession(model)
+    ops = {n.op_type for n in s._graph.nodes}
+    assert {"CuvilMatMulIntegerToFloat", "CuvilConvIntegerToFloat"} <= ops and "Cast" not in ops, ops
+    assert integer_contractions(s)["float"] == []
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = s.run(None, feeds)
+    # the int32 sums and the scale are equal; cuvil's vector code may fuse the scale multiply with the bias
+    # add (one rounding instead of two): a few float32 ulp
+    for g, want in zip(got, ref):
+        np.testing.assert_allclose(g, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
 @reference.budget(0.25)
 @given(m=st.integers(1, 6), k=st.integers(1, 9), n=st.integers(1, 7), qa=QT, qb=QT, batch=st.booleans(),
        a_batched=st.booleans(), seed=st.integers(0, 2**16))

@@ -18,6 +18,9 @@ output, still from the integer contraction.  Between the contractions:
   QLinear operators (:mod:`cuvil.graph.ops.quant_ms`), which compute what the float chain does, rounded once;
 - any other Q / DQ node stays, computed element-wise (exact ONNX semantics).
 
+``quantize_dynamic``'s ``MatMulInteger / ConvInteger -> Cast -> Mul(scale)`` becomes one node that scales
+the int32 sums in its epilogue (``CuvilMatMulIntegerToFloat`` / ``CuvilConvIntegerToFloat``).
+
 :func:`integer_contractions` counts what a compiled session runs: integer contractions, and the float
 contractions left (the number a quantized model should bring to 0).
 """
@@ -32,7 +35,8 @@ import numpy as np
 from cuvil.graph.ir import Graph, Node
 
 INTEGER_CONTRACTIONS = frozenset({"CuvilQLinearConv", "CuvilQLinearMatMul", "QLinearConv", "QLinearMatMul",
-                                  "MatMulInteger", "ConvInteger", "QGemm"})
+                                  "MatMulInteger", "ConvInteger", "QGemm", "CuvilMatMulIntegerToFloat",
+                                  "CuvilConvIntegerToFloat"})
 FLOAT_CONTRACTIONS = frozenset({"Conv", "CuvilConvNHWC", "Gemm", "MatMul", "ConvTranspose", "Einsum"})
 _MOVES = frozenset({"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"})
 _QLINEAR = {"Add": "QLinearAdd", "Mul": "QLinearMul", "Sigmoid": "QLinearSigmoid", "LeakyRelu": "QLinearLeakyRelu",
@@ -105,18 +109,24 @@ class _View:
 def match_qdq(g: Graph) -> Graph:
     """Every matched QDQ pattern replaced (see the module docstring); the DQ / Q nodes it leaves unread
     are removed by the dead-node pass."""
-    if not any(n.op_type == "DequantizeLinear" and not n.domain for n in g.nodes):
+    if not any(n.op_type in ("DequantizeLinear", "MatMulInteger", "ConvInteger") and not n.domain for n in g.nodes):
         return g
     v = _View(g)
     inits = dict(g.initializers)
     dropped: set[int] = set()
+    at: dict[int, list[Node]] = {}  # nodes written where a later node of their pattern stood
     out: list[Node] = []
     for n in g.nodes:
+        if id(n) in at:
+            out.extend(at.pop(id(n)))
+            continue
         if id(n) in dropped:
             continue
         new = None
         if not n.domain and n.op_type in ("Conv", "Gemm", "MatMul"):
             new = _contraction(v, n, inits, dropped)
+        elif not n.domain and n.op_type in ("MatMulInteger", "ConvInteger"):
+            new = _integer_to_float(v, n, dropped, at)
         elif not n.domain and (n.op_type in _MOVES or n.op_type == "Concat" or n.op_type in _QLINEAR):
             new = _between(v, n, inits, dropped)
         out.extend(new if new is not None else [n])
@@ -198,6 +208,28 @@ def _contraction(v: _View, n: Node, inits: dict[str, Any], dropped: set[int]) ->
     pre = n.outputs[0] + ".q"
     zname = _fresh(inits, n.name + ".relu_floor", np.array(q.zp, q.dtype))
     return [Node(op, n.name, tuple(ins), (pre,), attrs), Node("Max", relu.name, (pre, zname), q.node.outputs)]
+
+
+def _integer_to_float(v: _View, n: Node, dropped: set[int], at: dict[int, list[Node]]) -> list[Node] | None:
+    """``MatMulInteger -> Cast(float) -> Mul(scale)`` (``ConvInteger`` likewise; quantize_dynamic's form)
+    as one node whose kernel scales the int32 sums: the int32 result never goes to memory, and the bias
+    Add after it fuses as an epilogue."""
+    cast = v.only_reader(n.outputs[0]) if len(n.outputs) == 1 else None
+    if cast is None or cast.op_type != "Cast" or cast.domain or int(cast.attrs.get("to", 0)) != 1:
+        return None
+    mul = v.only_reader(cast.outputs[0])
+    if mul is None or mul.op_type != "Mul" or mul.domain or len(mul.inputs) != 2:
+        return None
+    scale = mul.inputs[1] if mul.inputs[0] == cast.outputs[0] else mul.inputs[0]
+    info = v.g.value_info.get(scale)
+    shape = v.const(scale).shape if v.const(scale) is not None else (info.shape if info is not None else None)
+    if shape is None or not all(isinstance(d, int) for d in shape) or int(np.prod(shape)) != 1:
+        return None  # per-column scales: the Mul stays (its broadcasting is the model's)
+    ins = tuple(n.inputs) + ("",) * (4 - len(n.inputs)) + (scale,)
+    dropped.add(id(cast))
+    op = "CuvilMatMulIntegerToFloat" if n.op_type == "MatMulInteger" else "CuvilConvIntegerToFloat"
+    at[id(mul)] = [Node(op, n.name, ins, mul.outputs, dict(n.attrs))]  # where the Mul stood: after its scale
+    return []
 
 
 def _between(v: _View, n: Node, inits: dict[str, Any], dropped: set[int]) -> list[Node] | None:

@@ -157,3 +157,14 @@ def cuvil_qlinear_conv(ctx: NodeCtx) -> list:
     """QLinearConv as :func:`cuvil.graph.qdq.match_qdq` writes it: inputs x, x_scale, x_zero_point, w,
     w_scale, w_zero_point, y_scale, y_zero_point, B; without y_scale the result is float32."""
     return [qlinear_conv_build(ctx, 6 if ctx.has(6) else None, 7, 8)]
+
+
+@op("CuvilConvIntegerToFloat")
+def conv_integer_to_float(ctx: NodeCtx) -> list:
+    """``float32(ConvInteger(x, w, x_zero_point, w_zero_point)) * scale`` in one kernel (ConvInteger ->
+    Cast -> Mul, as ``quantize_dynamic`` writes it; the scale one float32 value, computed at run time)."""
+    from cuvil.graph.ops.quant_mm import scale_reader
+
+    shape, value = conv_corrected(ctx, 0, 1, 2, 3, True, "convinteger")
+    s = scale_reader(ctx, 4, 1)
+    return [te.compute(shape, lambda *i: te.cast(value(i), "float32") * s(0), name="convinteger_float")]

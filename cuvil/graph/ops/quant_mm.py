@@ -301,3 +301,26 @@ def cuvil_qlinear_matmul(ctx: NodeCtx) -> list:
     mult = requant_multiplier(ctx, sa, sb, scale_value(ctx, 6, "y_scale"), shp[-1])
     zy = int(np.asarray(ctx.value(7)).reshape(-1)[0]) if ctx.has(7) else 0
     return [Shaped(te.compute(shp, lambda *i: requantize(value(i), mult(i[-1]), zy, qy), name="qmatmul_out"), out)]
+
+
+def scale_reader(ctx: NodeCtx, i: int, n: int) -> Callable[[Any], Any]:
+    """Input ``i`` (a float32 scale computed at run time or known: one value, or ``n``, one per column)
+    as a read function of the column."""
+    size = math.prod(ctx.shape(i))
+    if ctx.dtype(i) != "float32" or size not in (1, n):
+        raise ctx.error(f"the scale (input {i}) is {ctx.dtype(i)} with {size} values; it must be float32 with 1 or "
+                        f"{n}")
+    S = ctx.tensor(i, (size,))
+    return (lambda c: S[0]) if size == 1 else (lambda c: S[c])
+
+
+@op("CuvilMatMulIntegerToFloat")
+def matmul_integer_to_float(ctx: NodeCtx) -> list:
+    """``float32(MatMulInteger(a, b, a_zero_point, b_zero_point)) * scale`` in one kernel (what
+    ``quantize_dynamic`` writes as MatMulInteger -> Cast -> Mul, :func:`cuvil.graph.qdq.match_qdq`):
+    inputs a, b, a_zero_point, b_zero_point, scale (run-time zero points and scale allowed)."""
+    acc, out, value = matmul_corrected(ctx, 0, 1, 2, 3, True, "matmulinteger")
+    shp = tuple(int(d.value) for d in acc.shape)
+    s = scale_reader(ctx, 4, shp[-1])
+    return [Shaped(te.compute(shp, lambda *i: te.cast(value(i), "float32") * s(i[-1]), name="matmulinteger_float"),
+                   out)]
