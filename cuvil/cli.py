@@ -5,7 +5,9 @@
     cuvil bench [model.onnx | zoo name ...] [--threads 1,2] [--shapes ...]   # whole models beside onnxruntime
     cuvil bench --ops [--quick] [--only matmul]         # operators beside numpy (cuvil.bench)
     cuvil bench --registry --torch [names] [--config ci]  # torch eager, Inductor, cuvil.torch beside onnxruntime
+    cuvil bench --registry [names] --quant qdq-u8s8,dynamic  # int8 files beside onnxruntime and cuvil's fp32
     cuvil tune ...                                       # the autotuner (cuvil.autotune.cli)
+    cuvil scheduler | worker | cluster status ...        # tuning boards (cuvil.autotune.cluster, docs/boards.md)
     cuvil demo | info                                    # auto-scheduled matmul and conv beside numpy and ort
 
 An error is one line on stderr, ``cuvil: error: ...``, and exit status 1 (2: an internal error, a bug);
@@ -171,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     p_bench.add_argument("--exporter", default="dynamo", help="--registry: dynamo, torchscript or both, "
                          "comma-separated")
     p_bench.add_argument("--json", default=None, metavar="FILE", help="--registry: also write the results here")
+    p_bench.add_argument("--quant", default=None, metavar="SCHEMES", help="--registry: the models quantized by "
+                         "onnxruntime's tool (qdq-u8s8, qdq-s8s8, qdq-u8s8-pc, qdq-s8s8-pc, qop-u8s8, dynamic; "
+                         "comma-separated), cuvil beside onnxruntime on the int8 file and beside cuvil's fp32 "
+                         "(cuvil.bench_quant)")
     p_bench.add_argument("--torch", action="store_true", help="--registry: eager torch, torch.compile (Inductor) "
                          "and cuvil's PyTorch front end beside cuvil's ONNX path and onnxruntime (cuvil.bench_torch)")
     from cuvil import cli_onnx
@@ -179,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     from cuvil.autotune import cli as tune_cli
 
     tune_cli.add_parser(sub)
+    from cuvil.autotune import cluster
+
+    cluster.add_parsers(sub)
     args = parser.parse_args(argv)
     try:
         return _dispatch(parser, args, tune_cli)
@@ -225,7 +234,11 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, tune_cl
 
         print(cuvil.__version__)
         return 0
+    from cuvil.autotune import cluster
+
     code = cli_onnx.dispatch(args)
+    if code is None:
+        code = cluster.dispatch(args)
     if code is not None:
         return code
     if args.cmd == "tune":
@@ -248,10 +261,17 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, tune_cl
         models = list(args.models) + [m for m in (args.model_list or "").split(",") if m]
         if args.torch and not args.registry:
             parser.error("--torch needs --registry (cuvil bench --registry --torch [names])")
+        if args.quant and not args.registry:
+            parser.error("--quant needs --registry (cuvil bench --registry [names] --quant qdq-u8s8)")
         if args.registry:
             from cuvil import bench_registry
 
             names = [n for m in models for n in m.split(",") if n]
+            if args.quant:
+                from cuvil import bench_quant
+
+                return bench_quant.run(names, [s for s in args.quant.split(",") if s], args.config, threads,
+                                       rounds=args.rounds, cold=not args.no_cold, json_path=args.json)
             if args.torch:
                 from cuvil import bench_torch
 

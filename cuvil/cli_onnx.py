@@ -44,6 +44,9 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--target", default="llvm")
     p.add_argument("--dump", nargs="?", const="graph", choices=["graph", "loops"], default=None,
                    help="print the graph after each pass and the kernel calls (loops: and each kernel's loop nest)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: contractions with constant weights (MatMul, Gemm, Conv) multiply in bfloat16 with "
+                        "float32 accumulation on AVX512-BF16 (docs/precision.md); fp32 elsewhere")
     p = sub.add_parser("run", help="run an ONNX model on .npy inputs or random ones; print its outputs")
     p.add_argument("model", help="model.onnx")
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="one per model input")
@@ -55,6 +58,9 @@ def add_parsers(sub: Any) -> None:
                                            "dimensions)"))
     p.add_argument("-o", "--output", default=None, help="write the outputs to this .npz")
     p.add_argument("--target", default="llvm")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: contractions with constant weights (MatMul, Gemm, Conv) multiply in bfloat16 with "
+                        "float32 accumulation on AVX512-BF16 (docs/precision.md); fp32 elsewhere")
 
 
 class _Progress:
@@ -114,7 +120,7 @@ def compile_cmd(args: argparse.Namespace) -> int:
         print(f"  {note}")
     bar = _Progress() if not args.dump and sys.stderr.isatty() else None
     try:
-        prog = compile_graph(graph, shapes, {}, args.target, progress=bar)
+        prog = compile_graph(graph, shapes, {}, args.target, progress=bar, precision=args.precision)
     finally:
         if bar is not None:
             bar.close()
@@ -129,7 +135,7 @@ def compile_cmd(args: argparse.Namespace) -> int:
         from cuvil.onnx import InferenceSession
 
         t0 = time.perf_counter()
-        sess = InferenceSession.from_graph(imported, target=args.target)
+        sess = InferenceSession.from_graph(imported, target=args.target, precision=args.precision)
         sigs = [s for s, _ in shapes_per_sig]
         written = sess.export_library(args.output, input_shapes=sigs[0] if len(sigs) == 1 else sigs)
         print(f"wrote {written} and {written[:-3]}.h in {time.perf_counter() - t0:.1f} s")
@@ -326,7 +332,7 @@ def run_cmd(args: argparse.Namespace) -> int:
         for v in missing:
             print(f"input {v.name}: random {feeds[v.name].dtype}{list(feeds[v.name].shape)}, "
                   f"{describe_random(graph, v.name)}")
-    sess = cuvil.onnx.InferenceSession.from_graph(graph, target=args.target)
+    sess = cuvil.onnx.InferenceSession.from_graph(graph, target=args.target, precision=args.precision)
     t0 = time.perf_counter()
     outs = sess.run(None, feeds)
     dt = time.perf_counter() - t0

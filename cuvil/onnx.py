@@ -159,10 +159,12 @@ class InferenceSession:
     """Compile an ONNX model (path, bytes or ModelProto) for ``target`` and run it like onnxruntime."""
 
     def __init__(self, path_or_bytes: Any, sess_options: Any = None, providers: Any = None, target: str = "llvm",
-                 num_threads: int | None = None, tuning_db: Any = None, bounds_checks: bool = True, **kwargs: Any):
+                 num_threads: int | None = None, tuning_db: Any = None, bounds_checks: bool = True,
+                 precision: str = "fp32", **kwargs: Any):
         from cuvil.frontend.onnx import import_model, load_model
 
         self.bounds_checks = bool(bounds_checks)  # False: no run-time index checks (docs/onnx.md)
+        self.precision = precision  # "bf16": contractions with constant weights in bfloat16 (docs/precision.md)
 
         model = load_model(path_or_bytes)
         graph = import_model(model)
@@ -173,11 +175,13 @@ class InferenceSession:
 
     @classmethod
     def from_graph(cls, graph: Any, target: str = "llvm", num_threads: int | None = None,
-                   tuning_db: Any = None, sess_options: Any = None, bounds_checks: bool = True) -> InferenceSession:
+                   tuning_db: Any = None, sess_options: Any = None, bounds_checks: bool = True,
+                   precision: str = "fp32") -> InferenceSession:
         """A session over an imported :class:`cuvil.graph.ir.Graph` (what the PyTorch front end
         hands over): the same compilation per signature, runs and ``.so`` export."""
         self = cls.__new__(cls)
         self.bounds_checks = bool(bounds_checks)
+        self.precision = precision
         self._meta = ModelMetadata(graph_name=graph.name)
         self._setup(graph, target, num_threads, tuning_db, sess_options)
         return self
@@ -205,6 +209,10 @@ class InferenceSession:
             raise ArgumentError(f"num_threads must be a positive int or None, got {num_threads!r}")
         self.target = target
         self.num_threads = num_threads
+        from cuvil.graph.ops.bf16 import resolve_precision
+        from cuvil.target import Target
+
+        self.precision = resolve_precision(self.precision, Target(target))  # fp32, with a warning, without the feature
         # every unsupported op at once, before compiling anything; then the graph passes (identities,
         # BatchNorm folded into convs, layout, duplicates, dead nodes): once, for every signature
         if self._level in _LEVEL_PASSES:
@@ -447,7 +455,8 @@ class InferenceSession:
                 runtime_shapes = {n: s for n, s in shapes.items() if n not in known}
                 try:
                     prog = compile_graph(self._graph, runtime_shapes, known, self.target, tuning_db=self.tuning_db,
-                                         fuse=self._fuse, bounds_checks=self.bounds_checks)
+                                         fuse=self._fuse, bounds_checks=self.bounds_checks,
+                                         precision=self.precision)
                 except NeedsValue as nv:
                     feeds_needed = set(nv.inputs) - set(known)
                     if not feeds_needed:

@@ -30,7 +30,7 @@ def _check(model, feeds, expect_ops):
     g = optimize(import_model(model), dump=lambda name, gr: dumps.append((name, graph_str(gr))))
     assert sorted(n.op_type for n in g.nodes) == sorted(expect_ops), graph_str(g)
     assert [d[0] for d in dumps if d[0] != "expand recurrent nodes"] == [
-        "constants as initializers", "remove identities", "element-wise before reshapes", "fold batch normalization", "common subexpressions",
+        "constants as initializers", "remove identities", "quantized operators", "element-wise before reshapes", "fold batch normalization", "common subexpressions",
                                      "dead nodes", "channels last"]
     prog = compile_graph(g, {k: v.shape for k, v in feeds.items()}, {}, "llvm")
     got = prog.run(feeds)

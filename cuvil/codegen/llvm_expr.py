@@ -23,6 +23,8 @@ from cuvil import dtype as dt
 from cuvil.codegen import vecmath
 from cuvil.errors import CuvilError
 from cuvil.ir.expr import (
+    BF16_PAIR,
+    DOT2_BF16,
     DOT4_KINDS,
     INDEX_CHECK,
     Binary,
@@ -390,6 +392,11 @@ class ExprEmitter:
             from cuvil.codegen.llvm_dot import dot4_bytes
 
             return dot4_bytes(self.builder, self.expr(e.args[0]), self.expr(e.args[1]), *DOT4_KINDS[e.name])
+        if e.name in (DOT2_BF16, BF16_PAIR):
+            from cuvil.codegen.llvm_dot import bf16_pair_arith, dot2_bf16_arith
+
+            f = dot2_bf16_arith if e.name == DOT2_BF16 else bf16_pair_arith
+            return f(self.builder, self.expr(e.args[0]), self.expr(e.args[1]))
         return self.math(e, [self.expr(a) for a in e.args])
 
 

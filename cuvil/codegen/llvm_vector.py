@@ -60,9 +60,9 @@ from typing import Any
 from llvmlite import ir
 
 from cuvil import dtype as dt
-from cuvil.codegen.llvm_dot import dot4_vector
+from cuvil.codegen.llvm_dot import bf16_pair_arith, dot_vector
 from cuvil.codegen.llvm_expr import I32, I64, InternalError, mem_type, reg_type
-from cuvil.ir.expr import DOT4_KINDS, INDEX_CHECK, Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
+from cuvil.ir.expr import BF16_PAIR, DOT_CALLS, INDEX_CHECK, Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from cuvil.ir.functor import children, structural_equal, walk
 from cuvil.ir.stmt import Block, For, If, LetStmt, Stmt, Store
 
@@ -390,12 +390,14 @@ class VectorLoops:
             if x.stride is not None and dt.is_int(src) and dt.is_int(dst) and dt.bits(src) == dt.bits(dst):
                 return x
             return Lanes(self.cast(self.vec(x), src, dst), None)
-        if isinstance(e, Binary) and e.op == "add" and e.dtype == "int32":
+        if isinstance(e, Binary) and e.op == "add" and e.dtype in ("int32", "float32"):
             for acc, d in ((e.a, e.b), (e.b, e.a)):
-                if isinstance(d, Call) and d.name in DOT4_KINDS:  # acc + dot4(u, s): one vpdpbusd / sdot ...
+                if isinstance(d, Call) and d.name in DOT_CALLS:  # acc + dot4(u, s): one vpdpbusd / sdot ...
                     return Lanes(self.vdot4(d, self.vec(self.vexpr(acc))), None)
-        if isinstance(e, Call) and e.name in DOT4_KINDS:
+        if isinstance(e, Call) and e.name in DOT_CALLS:
             return Lanes(self.vdot4(e, None), None)
+        if isinstance(e, Call) and e.name == BF16_PAIR:
+            return Lanes(bf16_pair_arith(b, *(self.vec(self.vexpr(a)) for a in e.args)), None)
         if isinstance(e, Binary):
             x, y = self.vexpr(e.a), self.vexpr(e.b)
             if dt.is_int(e.dtype) and x.stride is not None and y.stride is not None:
@@ -422,9 +424,9 @@ class VectorLoops:
         raise InternalError(f"internal error in LLVM codegen: cannot vectorise {e!r}")
 
     def vdot4(self, e: Call, acc: ir.Value | None) -> ir.Value:
-        """``acc + dot4(u, s)`` over the lanes (:func:`cuvil.codegen.llvm_dot.dot4_vector`)."""
+        """``acc + dot4(u, s)`` (or ``dot2_bf16``) over the lanes (:func:`cuvil.codegen.llvm_dot.dot_vector`)."""
         u, s = self.vec(self.vexpr(e.args[0])), self.vec(self.vexpr(e.args[1]))
-        return dot4_vector(self.builder, self.target, e.name, u, s, acc)
+        return dot_vector(self.builder, self.target, e.name, u, s, acc)
 
     def vec(self, x: Lanes) -> ir.Value:
         """``x`` as a vector value."""

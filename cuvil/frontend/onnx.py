@@ -178,7 +178,7 @@ def import_model(model: Any) -> Graph:
     for k, n in enumerate(g.node):
         name = (n.name if isinstance(n.name, str) else n.name.decode("utf-8", "replace")) or f"{n.op_type}_{k}"
         node = Node(n.op_type, name, tuple(n.input), tuple(n.output), _attrs(n, f"{n.op_type} node {name!r}"),
-                    n.domain)
+                    _domain(n))
         for x in node.inputs:
             if x and x not in defined:
                 raise ModelError(f"{node}: input {x!r} is not a graph input, an initializer or an earlier "
@@ -191,6 +191,14 @@ def import_model(model: Any) -> Graph:
             raise ModelError(f"graph output {v.name!r} is not produced by any node")
     vinfo = {v.name: _value_info(v) for v in g.value_info if v.type.HasField("tensor_type")}
     return Graph(g.name, inputs, outputs, inits, nodes, opset, vinfo)
+
+
+def _domain(n: Any) -> str:
+    """A node's domain in the graph IR: the com.microsoft operators cuvil implements (onnxruntime's
+    quantizer writes them; :data:`cuvil.graph.ops.quant_ms.MS_OPS`) join the default domain."""
+    from cuvil.graph.ops.quant_ms import MS_OPS
+
+    return "" if n.domain == "com.microsoft" and n.op_type in MS_OPS else n.domain
 
 
 def check_model(model: Any) -> int:

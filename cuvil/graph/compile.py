@@ -80,17 +80,24 @@ def prepare(graph: Graph, dump: Any = None) -> Graph:
 
 def compile_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray],
                   target: Any = "llvm", progress: Any = None, fuse: bool = True, tuning_db: Any = None,
-                  on_kernel: Any = None, bounds_checks: bool = True) -> CompiledGraph:
+                  on_kernel: Any = None, bounds_checks: bool = True, precision: str = "fp32") -> CompiledGraph:
     """Steps 3-6 on a prepared graph.  With ``fuse``, each fusion group is one kernel; otherwise each
     node is.  ``progress(done, total, node)`` is called per group; ``on_kernel(key, args, label)`` per
     kernel call.  ``bounds_checks=False`` leaves out the run-time bounds checks (of indices read from
-    inputs: a Gather's).  Raises ``NeedsValue`` when a builder needs a fed input's value."""
+    inputs: a Gather's).  ``precision="bf16"``: contractions with constant weights multiply in bfloat16
+    (cuvil/graph/ops/bf16.py; float32 with a warning on a CPU without AVX512-BF16).  Raises
+    ``NeedsValue`` when a builder needs a fed input's value."""
     from cuvil.graph.fuse import Group, fusion_groups
     from cuvil.graph.memplan import lifetimes, plan_memory
     from cuvil.target import Target
 
     check_supported(graph)
+    from cuvil.graph.ops.bf16 import resolve_precision
+
     c = _GraphCompiler(graph, shapes, known, Target(target), tuning_db, on_kernel, bounds_checks)
+    c.precision = resolve_precision(precision, c.target)
+    if c.precision != precision:
+        c.fallbacks.append(f"precision {precision} -> {c.precision}: the target lacks avx512bf16")
     groups = fusion_groups(graph) if fuse else tuple(Group((k,)) for k in range(len(graph.nodes)))  # 3.
     done = 0
     for grp in groups:  # 4.
@@ -122,11 +129,11 @@ def check_supported(graph: Graph) -> None:
                                  f"{graph.opset}: {'; '.join(parts)}")
 
 
-def kernel_programs(graph: Graph, target: Any = "llvm", shapes: Mapping[str, tuple[int, ...]] | None = None
-                    ) -> list[tuple[list[Any], int]]:
+def kernel_programs(graph: Graph, target: Any = "llvm", shapes: Mapping[str, tuple[int, ...]] | None = None,
+                    named: bool = False) -> list[Any]:
     """The distinct kernels one run of an imported ``graph`` calls, each as (its te arguments, how many
-    calls of it a run makes): what ``cuvil tune`` tunes.  Symbolic input dimensions need ``shapes``;
-    the graph is compiled once on the way (folding its constants)."""
+    calls of it a run makes), with ``named`` also its :func:`kernel_name`: what ``cuvil tune`` tunes.
+    Symbolic input dimensions need ``shapes``; the graph is compiled once on the way (folding its constants)."""
     from cuvil.errors import ShapeError
     from cuvil.graph.ops.base import NeedsValue
 
@@ -139,14 +146,33 @@ def kernel_programs(graph: Graph, target: Any = "llvm", shapes: Mapping[str, tup
     found: dict[tuple, list[Any]] = {}
 
     def on_kernel(key: tuple, args: list[Any], label: str) -> None:
-        found.setdefault(key, [args, 0])[1] += 1
+        found.setdefault(key, [args, 0, kernel_name(key)])[1] += 1
 
     try:
         compile_graph(graph, static, {}, target, on_kernel=on_kernel)  # type: ignore[arg-type]
     except NeedsValue as exc:
         raise ShapeError(f"a shape of this model depends on the value of an input ({exc}): its kernels are "
                          "only known for given values; tune them one by one with cuvil.autotune.tune") from None
-    return [(args, n) for args, n in found.values()]
+    return [(args, n, name) if named else (args, n) for args, n, name in found.values()]
+
+
+def kernel_name(key: tuple) -> str:
+    """A kernel's name for people, from its key: the first node's op and the shapes of its inputs computed at
+    run time and of its first constant input of rank 2 or more (the weight; not a bias, a shape vector or the
+    packed copy of the weight the layout pass adds), then the ops fused after it, e.g.
+    ``Conv 1x64x56x56 * 64x64x3x3 (+Add+Relu)``."""
+    members = [m for m in key[1:] if isinstance(m, tuple)] if key[0] == "fused" else [key]  # (not the build's
+    # additions to a key: "unchecked", a tuning database)
+    first = members[0]  # (target, op type, opset, attrs, spec, values, outputs...): see _node_key
+    dims, weight = [], False
+    for e in first[4]:
+        if e is None or e[0] == "fused" or (e[2] and (weight or len(e[0]) < 2)):
+            continue
+        dims.append(e[0])
+        weight = weight or e[2]
+    text = " * ".join("x".join(map(str, d)) or "scalar" for d in dims)
+    fused = "+".join(m[1] for m in members[1:])
+    return f"{first[1]} {text}".strip() + (f" (+{fused})" if fused else "")
 
 
 # -- kernels ----------------------------------------------------------------------------------
@@ -241,7 +267,8 @@ def _db_key(tuning_db: Any) -> tuple | None:
         st = os.stat(path)
     except OSError:
         return ("tuning_db", os.path.abspath(path), "absent")
-    return ("tuning_db", os.path.abspath(path), st.st_mtime_ns, st.st_size)
+    board = getattr(tuning_db, "board", None)  # a database scoped to a board kind (Database.on) replays its records
+    return ("tuning_db", os.path.abspath(path), st.st_mtime_ns, st.st_size) + ((board,) if board is not None else ())
 
 
 class _GraphCompiler:
@@ -260,6 +287,7 @@ class _GraphCompiler:
         self.labels: list[str] = []
         self.call_nodes: list[tuple[Any, ...]] = []  # per call: (op type, name, inputs) of each member node
         self.fallbacks: list[str] = []
+        self.precision = "fp32"  # or "bf16" (set by compile_graph)
         self._const_slot: dict[int, int] = {}
         self.env: dict[str, Entry] = dict(graph.initializers)
         for v in graph.inputs:
@@ -283,6 +311,7 @@ class _GraphCompiler:
         """Run ``node``'s builder: its context and one output per node output."""
         ctx = NodeCtx(node, entries, self.graph.opset, prefix)
         ctx.target = self.target
+        ctx.precision = self.precision  # type: ignore[attr-defined]  # read by cuvil/graph/ops/bf16.py
         builder = builder_for(node.op_type, self.graph.opset)
         try:
             outs = list(builder(ctx))  # type: ignore[misc]

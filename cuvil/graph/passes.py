@@ -7,6 +7,8 @@ them in order and can report the graph after each one (``cuvil compile --dump``)
     BatchNormalization(y) -> z     =>    (s = scale / sqrt(var + eps), t = bias - mean * s)
 
 - :func:`remove_identities`: ``Identity`` and inference-mode ``Dropout`` become renames.
+- :func:`cuvil.graph.qdq.match_qdq`: onnxruntime's QDQ patterns (DQ -> Conv/Gemm/MatMul -> Q, Q/DQ
+  around element-wise and data-movement ops) become integer contractions and QLinear operators.
 - :func:`fold_batchnorm`: an inference ``BatchNormalization`` whose parameters are constants, after
   a ``Conv`` (or a ``Gemm`` without transposed outputs) with constant weights that nothing else
   reads, is folded into that node's weights and bias (numpy, at compile time).
@@ -31,6 +33,7 @@ import numpy as np
 
 from cuvil.graph.expand_rnn import expand_rnn
 from cuvil.graph.ir import Graph, Node
+from cuvil.graph.qdq import match_qdq
 
 Pass = Callable[[Graph], Graph]
 
@@ -376,6 +379,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("constants as initializers", constants_as_initializers),
     ("expand recurrent nodes", expand_rnn),
     ("remove identities", remove_identities),
+    ("quantized operators", match_qdq),
     ("element-wise before reshapes", elementwise_before_reshapes),
     ("fold batch normalization", fold_batchnorm),
     ("common subexpressions", eliminate_common_subexpressions),

@@ -12,6 +12,7 @@ import numpy as np
 from cuvil import dtype as dt
 from cuvil import te
 from cuvil.errors import DTypeError
+from cuvil.graph.ops import bf16
 from cuvil.graph.ops.base import NodeCtx, Shaped, bcast_read, broadcast_shapes, norm_axis, op
 from cuvil.ir.expr import min_value
 from cuvil.te.tensor import Tensor
@@ -74,6 +75,8 @@ def conv(ctx: NodeCtx) -> list:
     if xs[1] != ws[1] * g or ws[0] % g:
         raise ctx.error(f"{xs[1]} input channels do not fit weights {list(ws)} with group={g}")
     strides, dil, begin, out = _window(ctx, xs[2:], kernel)
+    if g == 1 and ctx.known(1) and bf16.wants_bf16(ctx, 0, 1):  # precision="bf16" (cuvil/graph/ops/bf16.py)
+        return [bf16.conv_node(ctx, strides, dil, begin, out)]
     if g == 1 and all(k == 1 for k in kernel) and tuple(out) == xs[2:] and not any(begin):
         return [_pointwise_conv(ctx, xs, ws)]
     if _winograd_pays(ctx, xs, ws, g, kernel, strides, dil, out):
@@ -381,11 +384,15 @@ def gemm(ctx: NodeCtx) -> list:
     A = ctx.tensor(0)
     has_c = ctx.has(2)  # before compile-time constants are appended to the entries
     panels = None
-    if ctx.known(1) and len(ctx.shape(1)) == 2:
+    if not ta and ctx.known(1) and len(ctx.shape(1)) == 2 and bf16.wants_bf16(ctx, 0, 1):
+        w = np.asarray(ctx.entries[1], np.float32)
+        ctx.variant = "bf16"
+        panels = bf16.bf16_matmul(ctx, A, np.ascontiguousarray(w.T if tb else w), "gemm")
+    elif ctx.known(1) and len(ctx.shape(1)) == 2:
         # constant weights are packed at compile time: panels of columns the register tile reads whole
         w = np.asarray(ctx.entries[1])
         panels = _weight_panels(ctx, w.T if tb else w, ctx.entries[1], ("gemm", tb))
-    if panels is not None:
+    if panels is not None:  # (a te tensor: the bf16 contraction itself)
         B, tb, b_shape = None, 0, ctx.shape(1)[::-1] if tb else ctx.shape(1)
     elif tb and ctx.known(1) and len(ctx.shape(1)) == 2:
         # constant weights are transposed at compile time: B[k, j] reads the columns with unit stride
@@ -402,7 +409,8 @@ def gemm(ctx: NodeCtx) -> list:
     def rhs(k: Any, j: Any) -> Any:
         return panels(k, j) if panels is not None else B[j, k] if tb else B[k, j]
 
-    y = te.compute((m, n), lambda i, j: te.sum((A[k, i] if ta else A[i, k]) * rhs(k, j), axis=k), name="gemm")
+    y = panels if isinstance(panels, Tensor) else te.compute(
+        (m, n), lambda i, j: te.sum((A[k, i] if ta else A[i, k]) * rhs(k, j), axis=k), name="gemm")
     if has_c or alpha != 1.0:
         c = ctx.tensor(2) if has_c else None
         if c is not None:
@@ -494,6 +502,10 @@ def _weight_panels(ctx: NodeCtx, w: np.ndarray, source: Any = None, how: Any = N
 
 
 def _matmul_view(ctx: NodeCtx, a_s: tuple[int, ...], b_s: tuple[int, ...], out: tuple[int, ...]) -> Shaped:
+    if len(a_s) == 2 and ctx.known(1) and bf16.wants_bf16(ctx, 0, 1):  # precision="bf16"
+        ctx.variant = "bf16"
+        w = np.asarray(ctx.entries[1], np.float32).reshape(b_s)
+        return Shaped(bf16.bf16_matmul(ctx, ctx.tensor(0, a_s), w, "matmul"), out)
     k = te.reduce_axis((0, a_s[-1]), name="k")
     panels = (_weight_panels(ctx, np.asarray(ctx.entries[1]).reshape(b_s), ctx.entries[1], "matmul")
               if len(a_s) == 2 and ctx.known(1) else None)
