@@ -1,6 +1,6 @@
 """Issue 18's Floor, end to end, in one command: tuning ResNet-18 against two boards over TLS.
 
-    python benchmarks/board_floor.py [--trials 32] [--kill-after 10] [--rounds 11] [--keep DIR]
+    python benchmarks/board_floor.py [--trials 32] [--kill-after 10] [--rounds 21] [--keep DIR]
 
 What it does, each step a subprocess started the way a user would start it:
 
@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=32)
     ap.add_argument("--kill-after", type=int, default=10, help="kill one board once this many records are in")
-    ap.add_argument("--rounds", type=int, default=11, help="interleaved rounds of cuvil bench (at least 10)")
+    ap.add_argument("--rounds", type=int, default=21, help="interleaved rounds of cuvil bench (at least 10; this "
+                    "shared machine swung 10%% between two runs of 11)")
     ap.add_argument("--keep", default=None, help="keep the folders (certificates, logs, database) here")
     a = ap.parse_args(argv)
     root = a.keep or tempfile.mkdtemp(prefix="cuvil-floor-")
