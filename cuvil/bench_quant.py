@@ -51,6 +51,7 @@ class QuantRow:
     errors: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     checked: bool = False
+    worst_steps: float = 0.0  # the largest |cuvil - onnxruntime| over the outputs, in steps of their scales
     error: str = ""
 
     @property
@@ -202,8 +203,18 @@ def bench_one(model: str, scheme: str, config: str, threads: list[int], rounds: 
             names = _output_names(qpath)
             r.problems += [f"{t}T: {p}" for p in
                            quantize.compare_quantized(got["cuvil"].outputs, got["ort"].outputs, names, steps)]
+            r.worst_steps = max(r.worst_steps, steps_apart(got["cuvil"].outputs, got["ort"].outputs, names, steps))
             r.checked = True
     return r
+
+
+def steps_apart(got: list[np.ndarray], ref: list[np.ndarray], names: list[str], steps: dict[str, float]) -> float:
+    """The largest ``|got - ref|`` over the outputs that have a step, in steps (0.0 when none has one)."""
+    worst = 0.0
+    for name, y, r in zip(names, got, ref):
+        if name in steps and y.shape == r.shape and r.size and r.dtype.kind == "f":
+            worst = max(worst, float(np.max(np.abs(y.astype(np.float64) - r))) / steps[name])
+    return worst
 
 
 def _output_names(path: str) -> list[str]:
