@@ -334,6 +334,27 @@ def test_qdq_relu_kept_and_float_output():
     np.testing.assert_allclose(got[1], ref[1], rtol=1e-5, atol=1e-5 * np.abs(ref[1]).max())
 
 
+@pytest.mark.parametrize("qt", ["uint8", "int8"])
+@pytest.mark.parametrize("kern,stride,pads,dil,ceil", [([3, 3], [2, 2], [1, 1, 1, 1], [1, 1], 0),
+                                                      ([2, 3], [1, 2], [0, 1, 1, 0], [2, 1], 0),
+                                                      ([3, 3], [2, 2], [0, 0, 0, 0], [1, 1], 1)])
+def test_qdq_maxpool_on_8_bit_values(qt, kern, stride, pads, dil, ceil):
+    """DQ -> MaxPool -> Q of one scale runs as CuvilMaxPool8 on the 8-bit values (padded with the type's
+    least value), equal to onnxruntime's, windows over the padding and ceil_mode's partial ones included."""
+    r = np.random.default_rng(5)
+    lo, hi = np.iinfo(qt).min, np.iinfo(qt).max
+    x = r.integers(lo, hi + 1, (2, 5, 9, 11)).astype(qt)
+    inits = {"s": np.float32(0.03), "z": np.array(7, qt)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["d"]),
+             h.make_node("MaxPool", ["d"], ["m"], kernel_shape=kern, strides=stride, pads=pads, dilations=dil,
+                         ceil_mode=ceil),
+             h.make_node("QuantizeLinear", ["m", "s", "z"], ["y"])]
+    model = _model(nodes, {"x": x}, [("y", qt)], inits)
+    assert [n.op_type for n in cuvil.onnx.InferenceSession(model)._graph.nodes] == ["CuvilMaxPool8"]
+    got, ref = _both(model, {"x": x})
+    _equal(got, ref)
+
+
 def test_unmatched_qdq_stays_correct():
     """A DQ -> Softmax -> Q chain (no QLinear form) stays element-wise and agrees with onnxruntime to one step."""
     r = np.random.default_rng(2)

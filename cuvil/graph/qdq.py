@@ -13,7 +13,7 @@ Relu becomes ``Max(y, zy)``, which fuses into it); one whose output is not quant
 output, still from the integer contraction.  Between the contractions:
 
 - data movement (MaxPool, Reshape, Transpose, Flatten, Squeeze, Unsqueeze, and Concat) between a DQ and
-  a Q of the same scale and zero point runs on the 8-bit values;
+  a Q of the same scale and zero point runs on the 8-bit values (MaxPool as ``CuvilMaxPool8``);
 - Add, Mul, Sigmoid, LeakyRelu, GlobalAveragePool, Softmax and Concat of other scales become onnxruntime's
   QLinear operators (:mod:`cuvil.graph.ops.quant_ms`), which compute what the float chain does, rounded once;
 - any other Q / DQ node stays, computed element-wise (exact ONNX semantics).
@@ -251,7 +251,8 @@ def _between(v: _View, n: Node, inits: dict[str, Any], dropped: set[int]) -> lis
             return None
         dropped.add(id(q.node))
         rest = list(n.inputs[len(ins):])
-        return [replace(n, inputs=tuple(i[0] for i in dq_in) + tuple(rest), outputs=q.node.outputs)]
+        op = "CuvilMaxPool8" if n.op_type == "MaxPool" else n.op_type  # vectorised for 8-bit values
+        return [replace(n, op_type=op, inputs=tuple(i[0] for i in dq_in) + tuple(rest), outputs=q.node.outputs)]
     qs = (q.node.inputs[1], q.node.inputs[2] if len(q.node.inputs) > 2 else "")
     trip = [(i[0], i[1], i[2] if len(i) > 2 else "") for i in dq_in]
     if n.op_type == "Concat":
