@@ -31,6 +31,8 @@ from cuvil.ir.expr import dot4
 from cuvil.te.tensor import Tensor
 
 INT8_TYPES = ("uint8", "int8")
+# input words (4 channels each) below which a 1x1 convolution with 17-31-pixel rows runs flattened
+FLAT_WORDS = 128
 
 
 def _check_int8(what: str, dtype: str) -> None:
@@ -243,8 +245,7 @@ def _dot_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], di
                pads_begin: Sequence[int], out: Sequence[int], panel: int, name: str, pad_value: int) -> Tensor:
     """``int_conv`` (one group) as ``sum(dot4)``: the input padded and packed four channels per int32
     (``X4[n, *rows, C / 4, columns]``: the packing reads and writes image rows with unit stride; the
-    padding holds ``pad_value``; pixel-major ``X4[n, *spatial, C / 4]`` for the 1x1 case below), the
-    filters in panels
+    padding holds ``pad_value``), the filters in panels
     ``[O / P, C / 4, *kernel, P]`` (see the module's docstring); the output stays NCHW."""
     xs = t_shape(x)
     n_sp = len(xs) - 2
@@ -252,20 +253,13 @@ def _dot_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], di
     c4 = -(-c // 4)
     signs, w_first, flip, sign = _plan(x.dtype, w.dtype.name, ctx.target)
     kernel = list(w.shape[2:])
+    if _flat_1x1(xs, kernel, strides, pads_begin, out, c4, panel // 2):
+        return _dot_conv_flat(ctx, x, w, panel, name, (signs, w_first, flip, sign))
     span = [(out[d] - 1) * strides[d] + dilations[d] * (kernel[d] - 1) + 1 for d in range(n_sp)]
     pv = te.const(pad_value, x.dtype)
 
-    # a 1x1 convolution of stride 1 whose rows take more than one int32 vector but less than two, and
-    # no whole number (a 28-pixel row on AVX-512), reads its words pixel-major (X4[n, *spatial, C / 4]):
-    # the auto-scheduler then puts the filters in lanes, not the row, whose 28-lane accumulators LLVM
-    # keeps in memory (128 -> 512 @ 28x28, 1 thread: 3.7 ms that way, 0.56 ms with filters in lanes);
-    # every other convolution keeps image rows (measured faster: 1024 -> 256 @ 14x14 0.28 against 0.52 ms)
-    lanes = panel // 2
-    pixel_major = (math.prod(kernel) == 1 and strides[-1] == 1 and lanes < out[-1] < 2 * lanes
-                   and out[-1] % lanes != 0)
-
     def x_body(n: Any, *rest: Any) -> Any:
-        sp, s4 = (rest[:-1], rest[-1]) if pixel_major else (rest[:-2] + rest[-1:], rest[-2])
+        sp, s4 = rest[:-2] + rest[-1:], rest[-2]
 
         def byte(t: int) -> Any:
             ch = s4 * 4 + t if c % 4 == 0 else te.min(s4 * 4 + t, c - 1)
@@ -278,8 +272,7 @@ def _dot_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], di
 
         return _pack4(byte, s4, c, flip)
 
-    x4_shape = tuple(span) + (c4,) if pixel_major else tuple(span[:-1]) + (c4, span[-1])
-    X4 = te.compute((xs[0],) + x4_shape, x_body, name=f"{name}_x4")
+    X4 = te.compute((xs[0],) + tuple(span[:-1]) + (c4, span[-1]), x_body, name=f"{name}_x4")
     o = w.shape[0]
     flat = np.ascontiguousarray(np.moveaxis(w, 0, -1)).reshape(c, -1, o)  # [C, taps, O]
     words = _conv_words(flat, panel)
@@ -291,7 +284,7 @@ def _dot_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], di
     def body(n: Any, m: Any, *sp: Any) -> Any:
         wr = W4[(m // panel, r4) + tuple(rk) + (m % panel,)]
         at = tuple(sp[d] * strides[d] + rk[d] * dilations[d] for d in range(n_sp))
-        xr = X4[(n,) + (at + (r4,) if pixel_major else at[:-1] + (r4, at[-1]))]
+        xr = X4[(n,) + at[:-1] + (r4, at[-1])]
         return te.sum(dot4(wr, xr, signs) if w_first else dot4(xr, wr, signs), axis=[r4] + rk)
 
     shape = (xs[0], o) + tuple(out)
@@ -299,6 +292,57 @@ def _dot_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], di
     if comp is None:
         return y
     return te.compute(shape, lambda n, m, *sp: y[(n, m) + sp] + comp[m], name=name)
+
+
+def _flat_1x1(xs: tuple[int, ...], kernel: list[int], strides: Sequence[int], pads_begin: Sequence[int],
+              out: Sequence[int], c4: int, lanes: int) -> bool:
+    """Whether a convolution is a 1x1 one (stride 1, no padding) over fewer than
+    :data:`FLAT_WORDS` input words whose rows take more than one vector of ``lanes`` int32 but less
+    than two, and no whole number (a 28-pixel row on AVX-512).  The auto-scheduler puts such a row in
+    lanes, and LLVM keeps its 28-lane accumulators in memory (128 -> 512 @ 28x28, 1 thread: 3.7 ms);
+    as a product over the flattened image (784 pixels, whole vectors) it takes 0.37 ms.  Other
+    convolutions measured faster in image rows (256 -> 64 @ 56x56 0.34 ms, flattened 0.80; 512 -> 128
+    @ 28x28 0.30 / 0.56, where the scheduler puts the filters in lanes)."""
+    return (all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads_begin)
+            and tuple(out) == tuple(xs[2:]) and c4 < FLAT_WORDS and lanes < out[-1] < 2 * lanes
+            and out[-1] % lanes != 0)
+
+
+def _dot_conv_flat(ctx: NodeCtx, x: Tensor, w: np.ndarray, panel: int, name: str,
+                   plan: tuple[str, bool, bool, int]) -> Tensor:
+    """A 1x1 convolution (stride 1, no padding) as ``sum(dot4)`` over the flattened image: the input
+    packed ``X4[n, C / 4, pixels]``, the filters in panels ``[O / P, C / 4, P]``, the int32 sums
+    ``[n, O, pixels]`` read back as N O spatial... (see :func:`_flat_1x1`)."""
+    xs = t_shape(x)
+    sp = xs[2:]
+    c, hw, o = xs[1], math.prod(sp), w.shape[0]
+    c4 = -(-c // 4)
+    signs, w_first, flip, sign = plan
+
+    def pixel(p: Any) -> tuple:
+        return tuple((p // math.prod(sp[d + 1:])) % sp[d] for d in range(len(sp)))
+
+    X4 = te.compute((xs[0], c4, hw), lambda n, s4, p: _pack4(
+        lambda t: x[(n, s4 * 4 + t if c % 4 == 0 else te.min(s4 * 4 + t, c - 1)) + pixel(p)], s4, c, flip),
+        name=f"{name}_x4")
+    words = _conv_words(np.ascontiguousarray(w.reshape(o, c).T).reshape(c, 1, o), panel)
+    W4 = ctx.constant(words.reshape(words.shape[0], c4, panel), keyed=False)
+    r4 = te.reduce_axis((0, c4), name="rc4")
+
+    def body(n: Any, m: Any, p: Any) -> Any:
+        wr, xr = W4[m // panel, r4, m % panel], X4[n, r4, p]
+        return te.sum(dot4(wr, xr, signs) if w_first else dot4(xr, wr, signs), axis=r4)
+
+    y = te.compute((xs[0], o, hw), body, name=f"{name}_flat")
+    comp = ctx.constant((sign * 128 * _filter_sums(w)).astype(np.int32), keyed=False) if sign else None
+
+    def read(n: Any, m: Any, *i: Any) -> Any:
+        p = i[0]
+        for d in range(1, len(sp)):
+            p = p * sp[d] + i[d]
+        return y[n, m, p] if comp is None else y[n, m, p] + comp[m]
+
+    return te.compute((xs[0], o) + tuple(sp), read, name=name)
 
 
 def _conv_words(flat: np.ndarray, panel: int) -> np.ndarray:
