@@ -18,6 +18,9 @@ output, still from the integer contraction.  Between the contractions:
   QLinear operators (:mod:`cuvil.graph.ops.quant_ms`), which compute what the float chain does, rounded once;
 - any other Q / DQ node stays, computed element-wise (exact ONNX semantics).
 
+A chain of unary float ops (or ops with a scalar constant) from a DQ to a Q (BERT's ``Div -> Erf``)
+becomes one lookup in a table of the 256 codes (:mod:`cuvil.graph.qdq_table`).
+
 ``quantize_dynamic``'s ``MatMulInteger / ConvInteger -> Cast -> Mul(scale)`` becomes one node that scales
 the int32 sums in its epilogue (``CuvilMatMulIntegerToFloat`` / ``CuvilConvIntegerToFloat``).
 
@@ -33,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from cuvil.graph.ir import Graph, Node
+from cuvil.graph.qdq_table import match_table
 
 INTEGER_CONTRACTIONS = frozenset({"CuvilQLinearConv", "CuvilQLinearMatMul", "QLinearConv", "QLinearMatMul",
                                   "MatMulInteger", "ConvInteger", "QGemm", "CuvilMatMulIntegerToFloat",
@@ -129,6 +133,8 @@ def match_qdq(g: Graph) -> Graph:
             new = _integer_to_float(v, n, dropped, at)
         elif not n.domain and (n.op_type in _MOVES or n.op_type == "Concat" or n.op_type in _QLINEAR):
             new = _between(v, n, inits, dropped)
+        if new is None and not n.domain:  # DQ -> unary float chain -> Q: a 256-entry table
+            new = match_table(v, n, inits, dropped)
         out.extend(new if new is not None else [n])
     return replace(g, nodes=out, initializers=inits)
 
