@@ -7,9 +7,10 @@ channel, QOperator, dynamic):
 - cuvil's outputs lie within 2 steps of the last quantization's scale of onnxruntime's, and agree with
   them on argmax wherever onnxruntime's top-2 margin exceeds 2 steps (``quantize.compare_quantized``);
 - no contraction the quantizer quantized (a Conv / Gemm / MatMul whose data inputs are dequantized, a
-  QLinearConv, QGemm, MatMulInteger ...) still runs as a float contraction in cuvil: the compiled
-  programs' kernel calls are read for Conv / ConvTranspose / Gemm / MatMul nodes, and there must be no
-  more of them than the file has contractions the quantizer left in float.
+  QLinearConv, QGemm, MatMulInteger ...) still runs as a float contraction in cuvil: the session's
+  optimized graph is read by ``cuvil.graph.qdq.integer_contractions`` (the float contractions it runs:
+  Conv, Gemm, MatMul, ConvTranspose, Einsum, channels-last convs), and there must be no more of them than
+  the file has contractions the quantizer left in float.
 
 A case cuvil cannot run yet is a strict xfail naming the exception it raises today: a fix shows up as
 XPASS and its entry is taken out.  The quantized files are made once (a few seconds each) and cached in
@@ -32,6 +33,7 @@ import onnxruntime as ort  # noqa: E402
 
 import cuvil.onnx  # noqa: E402
 from cuvil import bench_quant, registry  # noqa: E402
+from cuvil.graph.qdq import integer_contractions  # noqa: E402
 from cuvil.registry import quantize  # noqa: E402
 
 MODELS = ["resnet18", "resnet50", "mobilenetv2", "bert-base", "distilbert", "gpt2"]
@@ -96,14 +98,15 @@ def test_quantized_model_matches_onnxruntime(compiled, model: str, scheme: str) 
 def test_quantized_contractions_run_in_integers(compiled, model: str, scheme: str) -> None:
     path, _, sess, _ = compiled(model, scheme)
     left = bench_quant.float_left_by_quantizer(path)
-    ours = bench_quant.float_contractions(sess)
+    ours = integer_contractions(sess)["float"]
     assert len(ours) <= len(left), (
         f"{model} ({scheme}): {len(ours) - len(left)} quantized contractions still run as float contractions "
         f"(cuvil runs {len(ours)}, the quantizer left {len(left)} in float): {', '.join(ours[:6])}")
 
 
 def test_float_contractions_are_seen(tmp_path) -> None:
-    """The count above reads the kernels a session runs: a float Gemm and MatMul must show in it."""
+    """The count above reads the session's graph: a float Gemm and MatMul must show in it, as in the kernel
+    calls ``cuvil bench --quant`` reads (``bench_quant.float_contractions``)."""
     from onnx import helper
     from onnx_models import float_model
 
@@ -116,6 +119,7 @@ def test_float_contractions_are_seen(tmp_path) -> None:
     path.write_bytes(model.SerializeToString())
     sess = cuvil.onnx.InferenceSession(str(path))
     sess.run(None, {"x": rng.standard_normal((4, 8)).astype(np.float32)})
+    assert integer_contractions(sess) == {"integer": [], "float": ["fc", "mm"]}
     assert sorted(bench_quant.float_contractions(sess)) == ["Gemm 'fc'", "MatMul 'mm'"]
     assert sorted(bench_quant.float_left_by_quantizer(str(path))) == ["fc", "mm"]
 
