@@ -240,19 +240,21 @@ def test_int_conv_resnet_like_layer(xd, wd):
     np.testing.assert_array_equal(got, _conv_ref(x, w, [1, 1], [1, 1], [1, 1], [1, 1], 1, pv))
 
 
-@pytest.mark.parametrize("xd, wd, shape, pads", [("uint8", "int8", (1, 6, 3, 28), [0, 0]),
-                                               ("int8", "int8", (2, 40, 2, 20), [0, 0]),
-                                               ("uint8", "uint8", (1, 9, 27), [0]),
-                                               ("int8", "uint8", (1, 9, 3, 27), [1, 0])])
-def test_int_conv_1x1_flat(xd, wd, shape, pads):
-    """A 1x1 convolution whose rows are 17-31 pixels (ResNet-50's 28) runs over the flattened image; exact
-    at the byte limits, channels not a multiple of 4, one spatial dimension, and (image rows then) padding."""
+@pytest.mark.parametrize("xd, wd, shape, pads, stride", [("uint8", "int8", (1, 6, 3, 28), [0, 0], 1),
+                                                       ("int8", "int8", (2, 40, 2, 20), [0, 0], 1),
+                                                       ("uint8", "uint8", (1, 9, 27), [0], 1),
+                                                       ("int8", "uint8", (1, 9, 3, 27), [1, 0], 1),
+                                                       ("uint8", "int8", (1, 12, 5, 55), [0, 0], 2)])
+def test_int_conv_1x1_flat(xd, wd, shape, pads, stride):
+    """A 1x1 convolution whose output rows are 17-31 pixels (ResNet-50's 28) runs over the flattened image;
+    exact at the byte limits, channels not a multiple of 4, one spatial dimension, stride 2 (55 -> 28
+    columns), and (image rows then) padding."""
     rng = np.random.default_rng(6)
     x = rng.choice(np.array([np.iinfo(xd).min, np.iinfo(xd).max, 0, 1], xd), shape)
     w = rng.choice(np.array([np.iinfo(wd).min, np.iinfo(wd).max, 1], wd), (40, shape[1]) + (1,) * (len(shape) - 2))
-    ones = [1] * (len(shape) - 2)
-    got = _run(lambda ctx, t: int_conv(ctx, t, w, ones, ones, pads, pads, 1, pad_value=5), [x])
-    np.testing.assert_array_equal(got, _conv_ref(x, w, ones, ones, pads, pads, 1, 5))
+    ones, st = [1] * (len(shape) - 2), [stride] * (len(shape) - 2)
+    got = _run(lambda ctx, t: int_conv(ctx, t, w, st, ones, pads, pads, 1, pad_value=5), [x])
+    np.testing.assert_array_equal(got, _conv_ref(x, w, st, ones, pads, pads, 1, 5))
 
 
 def test_bad_inputs_raise_cuvil_errors():

@@ -254,7 +254,7 @@ def _dot_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], di
     signs, w_first, flip, sign = _plan(x.dtype, w.dtype.name, ctx.target)
     kernel = list(w.shape[2:])
     if _flat_1x1(xs, kernel, strides, pads_begin, out, c4, panel // 2):
-        return _dot_conv_flat(ctx, x, w, panel, name, (signs, w_first, flip, sign))
+        return _dot_conv_flat(ctx, x, w, strides, out, panel, name, (signs, w_first, flip, sign))
     span = [(out[d] - 1) * strides[d] + dilations[d] * (kernel[d] - 1) + 1 for d in range(n_sp)]
     pv = te.const(pad_value, x.dtype)
 
@@ -303,18 +303,19 @@ def _flat_1x1(xs: tuple[int, ...], kernel: list[int], strides: Sequence[int], pa
     as a product over the flattened image (784 pixels, whole vectors) it takes 0.37 ms.  Other
     convolutions measured faster in image rows (256 -> 64 @ 56x56 0.34 ms, flattened 0.80; 512 -> 128
     @ 28x28 0.30 / 0.56, where the scheduler puts the filters in lanes)."""
-    return (all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads_begin)
-            and tuple(out) == tuple(xs[2:]) and c4 < FLAT_WORDS and lanes < out[-1] < 2 * lanes
-            and out[-1] % lanes != 0)
+    return (all(k == 1 for k in kernel) and not any(pads_begin)
+            and all(o == -(-x // s) for o, x, s in zip(out, xs[2:], strides))
+            and c4 < FLAT_WORDS and lanes < out[-1] < 2 * lanes and out[-1] % lanes != 0)
 
 
-def _dot_conv_flat(ctx: NodeCtx, x: Tensor, w: np.ndarray, panel: int, name: str,
-                   plan: tuple[str, bool, bool, int]) -> Tensor:
-    """A 1x1 convolution (stride 1, no padding) as ``sum(dot4)`` over the flattened image: the input
-    packed ``X4[n, C / 4, pixels]``, the filters in panels ``[O / P, C / 4, P]``, the int32 sums
-    ``[n, O, pixels]`` read back as N O spatial... (see :func:`_flat_1x1`)."""
+def _dot_conv_flat(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], out: Sequence[int], panel: int,
+                   name: str, plan: tuple[str, bool, bool, int]) -> Tensor:
+    """A 1x1 convolution (no padding) as ``sum(dot4)`` over the flattened output image: the input
+    packed ``X4[n, C / 4, pixels]`` (a strided one packs only the pixels it reads), the filters in panels
+    ``[O / P, C / 4, P]``, the int32 sums ``[n, O, pixels]`` read back as N O spatial... (see
+    :func:`_flat_1x1`)."""
     xs = t_shape(x)
-    sp = xs[2:]
+    sp = tuple(out)
     c, hw, o = xs[1], math.prod(sp), w.shape[0]
     c4 = -(-c // 4)
     signs, w_first, flip, sign = plan
@@ -323,7 +324,8 @@ def _dot_conv_flat(ctx: NodeCtx, x: Tensor, w: np.ndarray, panel: int, name: str
         return tuple((p // math.prod(sp[d + 1:])) % sp[d] for d in range(len(sp)))
 
     X4 = te.compute((xs[0], c4, hw), lambda n, s4, p: _pack4(
-        lambda t: x[(n, s4 * 4 + t if c % 4 == 0 else te.min(s4 * 4 + t, c - 1)) + pixel(p)], s4, c, flip),
+        lambda t: x[(n, s4 * 4 + t if c % 4 == 0 else te.min(s4 * 4 + t, c - 1)) +
+                    tuple(i * st for i, st in zip(pixel(p), strides))], s4, c, flip),
         name=f"{name}_x4")
     words = _conv_words(np.ascontiguousarray(w.reshape(o, c).T).reshape(c, 1, o), panel)
     W4 = ctx.constant(words.reshape(words.shape[0], c4, panel), keyed=False)
