@@ -44,6 +44,28 @@ def _run(model: bytes, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return cuvil.onnx.InferenceSession(model).run(None, {"x": x})[0], ref
 
 
+def test_quantize_static_gelu_head_is_one_lookup() -> None:
+    """``DQ -> Div -> Erf -> Q -> DQ -> Add(DQ(1)) -> Q`` (quantize_static's GELU up to the product with
+    x): the Q -> DQ pair inside rounds as the model does, the constant 1 is a DQ of one code."""
+    x = _codes("uint8")
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["d"]),
+             h.make_node("Div", ["d", "c"], ["v"]),
+             h.make_node("Erf", ["v"], ["e"]),
+             h.make_node("QuantizeLinear", ["e", "se", "ze"], ["eq"]),
+             h.make_node("DequantizeLinear", ["eq", "se", "ze"], ["ed"]),
+             h.make_node("DequantizeLinear", ["one", "s1", "z1"], ["oned"]),
+             h.make_node("Add", ["ed", "oned"], ["a"]),
+             h.make_node("QuantizeLinear", ["a", "so", "zo"], ["y"])]
+    inits = {"s": np.float32(0.051), "z": np.uint8(120), "c": np.float32(1.4142135), "se": np.float32(1 / 127),
+             "ze": np.uint8(127), "one": np.uint8(255), "s1": np.float32(1 / 255), "z1": np.uint8(0),
+             "so": np.float32(2 / 255), "zo": np.uint8(0)}
+    model = _model(nodes, x, "uint8", inits)
+    ops = [o for o in _ops(model) if o != "DequantizeLinear"]
+    assert ops == ["CuvilQLinearLookup"], ops
+    got, ref = _run(model, x)
+    assert np.abs(got.astype(int) - ref.astype(int)).max() <= 1
+
+
 @pytest.mark.parametrize("qin, qout", [("uint8", "uint8"), ("int8", "int8"), ("uint8", "int8")])
 def test_gelu_erf_chain_is_one_lookup(qin: str, qout: str) -> None:
     """BERT's ``DQ -> Div(sqrt 2) -> Erf -> Q`` (as quantize_static writes it) becomes one table lookup."""

@@ -126,15 +126,15 @@ def match_qdq(g: Graph) -> Graph:
             continue
         if id(n) in dropped:
             continue
-        new = None
-        if not n.domain and n.op_type in ("Conv", "Gemm", "MatMul"):
+        new = match_table(v, n, inits, dropped)  # DQ -> unary float chain -> Q: a 256-entry table
+        if new is not None:
+            pass
+        elif not n.domain and n.op_type in ("Conv", "Gemm", "MatMul"):
             new = _contraction(v, n, inits, dropped)
         elif not n.domain and n.op_type in ("MatMulInteger", "ConvInteger"):
             new = _integer_to_float(v, n, dropped, at)
         elif not n.domain and (n.op_type in _MOVES or n.op_type == "Concat" or n.op_type in _QLINEAR):
             new = _between(v, n, inits, dropped)
-        if new is None and not n.domain:  # DQ -> unary float chain -> Q: a 256-entry table
-            new = match_table(v, n, inits, dropped)
         out.extend(new if new is not None else [n])
     return replace(g, nodes=out, initializers=inits)
 
