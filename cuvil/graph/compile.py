@@ -311,7 +311,7 @@ class _GraphCompiler:
         """Run ``node``'s builder: its context and one output per node output."""
         ctx = NodeCtx(node, entries, self.graph.opset, prefix)
         ctx.target = self.target
-        ctx.precision = self.precision  # type: ignore[attr-defined]  # read by cuvil/graph/ops/bf16.py
+        ctx.precision = self.precision
         builder = builder_for(node.op_type, self.graph.opset)
         try:
             outs = list(builder(ctx))  # type: ignore[misc]

@@ -157,6 +157,7 @@ class NodeCtx:
         self.placeholders: list[tuple[int, Tensor]] = []
         self.value_reads: set[int] = set()
         self.target: Any = None  # the compile target (set by compile_graph): builders may pick layouts for it
+        self.precision = "fp32"  # or "bf16": contractions with constant weights in bfloat16 (set by compile_graph)
         self.variant = ""  # the lowering a builder chose beyond shapes and attributes (a Conv's "winograd"): keys it
         self._tensors: dict[tuple[int, tuple[int, ...]], Tensor] = {}
 

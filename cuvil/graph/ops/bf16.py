@@ -77,7 +77,7 @@ def resolve_precision(precision: Any, target: Any) -> str:
 def wants_bf16(ctx: NodeCtx, *inputs: int) -> bool:
     """Whether ``ctx``'s node computes its contraction in bf16: the compile asked for it (the graph
     compiler sets ``ctx.precision``), the target has the instruction, the inputs are float32."""
-    return (getattr(ctx, "precision", "fp32") == "bf16" and bool(bf16_panel(ctx.target))
+    return (ctx.precision == "bf16" and bool(bf16_panel(ctx.target))
             and all(ctx.dtype(i) == "float32" for i in inputs))
 
 
