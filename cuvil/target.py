@@ -281,7 +281,14 @@ def _host_caches() -> dict[str, int]:
             continue
         if kind == "Instruction" or level not in (1, 2, 3):
             continue
-        m = re.fullmatch(r"(\d+)([KMG]?)", size)
-        if m:
-            out[f"l{level}"] = int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)]
+        if cache_bytes(size):
+            out[f"l{level}"] = cache_bytes(size)
     return out
+
+
+def cache_bytes(text: str) -> int:
+    """A /sys cache size (``32K``, ``1024K``, ``32M``) in bytes; 0 for text it does not read."""
+    m = re.fullmatch(r"(\d+)\s*([KMG]?)", text.strip().upper())
+    if not m:
+        return 0
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]

@@ -174,7 +174,8 @@ print("mods", sorted(m for m in sys.modules if m.split(".")[0] in ("islpy", "llv
 
 
 def test_facts_parse_x86_and_aarch64() -> None:
-    from cuvil.autotune.board_facts import cache_bytes, cpu_features
+    from cuvil.autotune.board_facts import cpu_features
+    from cuvil.target import cache_bytes
 
     x86 = "processor\t: 0\nflags\t\t: fpu avx2 fma sse4_2 avx2\nbugs\t\t: spectre_v1\n"
     arm = "processor\t: 0\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd evtstrm crc32 asimddp\nCPU part\t: 0xd0b\n"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import socket
 from typing import Any
 
@@ -38,32 +37,13 @@ def cpu_features(arch: str, cpuinfo: str | None = None) -> list[str]:
     return []
 
 
-def cache_bytes(text: str) -> int:
-    """A /sys cache size (``32K``, ``1024K``, ``32M``) in bytes; 0 for text it does not read."""
-    m = re.fullmatch(r"(\d+)\s*([KMG]?)", text.strip().upper())
-    if not m:
-        return 0
-    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
-
-
 def _caches() -> dict[str, int]:
-    """L1d, L2 and L3 sizes in bytes, from /sys (0 where the kernel does not say)."""
-    out = {"L1d": 0, "L2": 0, "L3": 0}
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        entries = sorted(os.listdir(base))
-    except OSError:
-        return out
-    for e in entries:
-        if not e.startswith("index"):
-            continue
-        level, kind, size = (_read(f"{base}/{e}/{f}") for f in ("level", "type", "size"))
-        if not level or not size or kind == "Instruction":
-            continue
-        key = "L1d" if level == "1" else f"L{level}"
-        if key in out:
-            out[key] = max(out[key], cache_bytes(size))
-    return out
+    """L1d, L2 and L3 sizes in bytes, from /sys (0 where the kernel does not say): the reader the compile
+    target's cache model uses (importing cuvil.target loads no LLVM)."""
+    from cuvil.target import _host_caches
+
+    found = _host_caches()
+    return {"L1d": found.get("l1", 0), "L2": found.get("l2", 0), "L3": found.get("l3", 0)}
 
 
 def _cores() -> int:
