@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=2.0, help="timing seconds per engine")
     args = ap.parse_args(argv)
 
-    from cuvil import bench_quant
+    from cuvil import bench_quant, bench_registry
     from cuvil.bench_model import load_average
 
     schemes = [s for s in args.schemes.split(",") if s]
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 row = bench_quant.bench_one(model, scheme, args.config, [1], args.rounds, args.budget, cold=False)
             except Exception as exc:  # noqa: BLE001 -- a case that cannot run is its FAIL line
-                row = bench_quant.QuantRow(model, scheme, error=bench_quant.failed_line(exc))
+                row = bench_quant.QuantRow(model, scheme, error=bench_registry.failed_line(exc))
             for c in checks(row, *FLOOR[scheme], args.config):
                 results.append(c)
                 print(c.line(), flush=True)

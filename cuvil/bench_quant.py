@@ -107,13 +107,6 @@ def quantized_in_float(sess: Any, path: str) -> list[str]:
 # -- measuring ----------------------------------------------------------------------------------------------------
 
 
-def failed_line(exc: BaseException) -> str:
-    """An error as one short line: its type and the first line of its message."""
-    from cuvil.schedule.fallback import first_line
-
-    return f"{type(exc).__name__}: {first_line(exc, 160)}"
-
-
 @dataclass
 class SessionRunner(br.Runner):
     """A cuvil engine that keeps its session (whose compiled programs :func:`float_contractions` reads)."""
@@ -148,22 +141,11 @@ def _together(specs: dict[str, br.Spec], example: dict[str, np.ndarray], rounds:
     (:func:`cuvil.bench_registry.time_together`); also the cuvil int8 session (for its kernel list)."""
     import cuvil
 
-    res = {e: br.Measured() for e in specs}
-    runners: dict[str, br.Runner] = {}
     try:
-        for e, spec in specs.items():
-            try:
-                runner, first, res[e].compile_s = br.open_engine(spec, 1, example)
-                res[e].outputs = runner.to_numpy(first)
-                runners[e] = runner
-            except Exception as exc:  # noqa: BLE001 -- an engine's failure is its column's, not the row's
-                res[e].error = failed_line(exc)
-        if runners:
-            for e, (cpu, wall) in zip(runners, br.time_together(list(runners.values()), example, 1, rounds, budget_s)):
-                res[e].cpu, res[e].wall = cpu, wall
+        res, runners = br.engines_together(specs, example, rounds, budget_s)
         sess = getattr(runners.get("cuvil"), "session", None)
-    finally:
         runners.clear()
+    finally:
         cuvil.set_num_threads(None)
     return res, sess
 
@@ -183,7 +165,7 @@ def bench_one(model: str, scheme: str, config: str, threads: list[int], rounds: 
         try:
             r.compile_s, _ = br.cold_compile(qpath, example)
         except Exception as exc:  # noqa: BLE001
-            r.errors["cuvil"] = failed_line(exc)
+            r.errors["cuvil"] = br.failed_line(exc)
     steps = quantize.output_steps(qpath, example)
     for t in threads:
         live = {e: s for e, s in specs.items() if e not in r.errors}
@@ -293,7 +275,7 @@ def run(models: list[str], schemes: list[str], config: str, threads: list[int], 
             try:
                 r = bench_one(model, scheme, config, threads, rounds, budget_s, cold)
             except Exception as exc:  # noqa: BLE001 -- a model that cannot be quantized or timed is its row
-                r = QuantRow(model, scheme, error=failed_line(exc))
+                r = QuantRow(model, scheme, error=br.failed_line(exc))
             rows.append(r)
             print(row(r, threads), flush=True)
     return br.finish(rows, summary(rows, threads), json_path)

@@ -380,6 +380,38 @@ def time_together(runners: list[Runner], example: dict[str, np.ndarray], threads
     return _medians(samples)
 
 
+def failed_line(exc: BaseException) -> str:
+    """An engine's error as one short line: its type and the first line of its message."""
+    from cuvil.schedule.fallback import first_line
+
+    return f"{type(exc).__name__}: {first_line(exc, 160)}"
+
+
+def engines_together(specs: dict[str, Spec], example: dict[str, np.ndarray], rounds: int, budget_s: float
+                     ) -> tuple[dict[str, Measured], dict[str, Runner]]:
+    """Every engine of ``specs`` opened in this process at 1 thread (one that fails to open has its error in
+    its :class:`Measured`; the exporters' warnings are silenced, they would break up the table), then timed
+    call by call (:func:`time_together`).  Returns the measurements and the open runners, which the caller
+    drops when it is done with them."""
+    import warnings
+
+    res = {e: Measured() for e in specs}
+    runners: dict[str, Runner] = {}
+    for e, spec in specs.items():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                runner, first, res[e].compile_s = open_engine(spec, 1, example)
+            res[e].outputs = runner.to_numpy(first)
+            runners[e] = runner
+        except Exception as exc:  # noqa: BLE001 -- an engine's failure is its column's, not the table's
+            res[e].error = failed_line(exc)
+    if runners:
+        for e, (cpu, wall) in zip(runners, time_together(list(runners.values()), example, 1, rounds, budget_s)):
+            res[e].cpu, res[e].wall = cpu, wall
+    return res, runners
+
+
 def time_pair(ours: Any, theirs: Any, example: dict[str, np.ndarray], threads: int, rounds: int,
               budget_s: float) -> tuple[float, float, float, float]:
     """Median (cuvil cpu, cuvil wall, ort cpu, ort wall) seconds per ``run(None, feeds)``, both engines

@@ -40,7 +40,6 @@ import contextlib
 import math
 import os
 import tempfile
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,12 +163,6 @@ def specs(model: str, config: str, path: str) -> dict[str, br.Spec]:
 # -- measuring --------------------------------------------------------------------------------
 
 
-def _failed(exc: BaseException) -> str:
-    from cuvil.schedule.fallback import first_line
-
-    return f"{type(exc).__name__}: {first_line(exc, 160)}"
-
-
 def _cold(spec: br.Spec, example: dict[str, np.ndarray], threads: int) -> float:
     """The compile time of ``spec`` in a fresh process with empty kernel caches (cuvil's and Inductor's)."""
     with tempfile.TemporaryDirectory(prefix="cuvil-bench-cold-") as work:
@@ -187,23 +180,10 @@ def _together(engines: dict[str, br.Spec], example: dict[str, np.ndarray], round
     import cuvil
 
     saved = torch.get_num_threads()
-    res = {e: br.Measured() for e in engines}
-    runners: dict[str, br.Runner] = {}
     try:
-        for e, spec in engines.items():
-            try:
-                with warnings.catch_warnings():  # the exporters' deprecation notes would break up the table
-                    warnings.simplefilter("ignore")
-                    runner, first, res[e].compile_s = br.open_engine(spec, 1, example)
-                res[e].outputs = runner.to_numpy(first)
-                runners[e] = runner
-            except Exception as exc:  # noqa: BLE001 -- any engine's failure is its row's, not the table's
-                res[e].error = _failed(exc)
-        if runners:
-            for e, (cpu, wall) in zip(runners, br.time_together(list(runners.values()), example, 1, rounds, budget_s)):
-                res[e].cpu, res[e].wall = cpu, wall
-    finally:
+        res, runners = br.engines_together(engines, example, rounds, budget_s)
         runners.clear()
+    finally:
         torch.set_num_threads(saved)
         cuvil.set_num_threads(None)
     return res
@@ -228,7 +208,7 @@ def bench_one(model: str, config: str, threads: list[int], rounds: int, budget_s
         path = ""
         for e in _ONNX:
             if e in rows:
-                rows[e].error = _failed(exc)
+                rows[e].error = br.failed_line(exc)
     example = registry.example_inputs(model, config=config)
     all_specs = specs(model, config, path)
     if cold:
@@ -237,7 +217,7 @@ def bench_one(model: str, config: str, threads: list[int], rounds: int, budget_s
                 try:
                     rows[e].compile_s = _cold(all_specs[e], example, threads[0])
                 except Exception as exc:  # noqa: BLE001
-                    rows[e].error = _failed(exc)
+                    rows[e].error = br.failed_line(exc)
     for t in threads:
         live = {e: all_specs[e] for e in names if not rows[e].error}
         budget = budget_s * len(live)
@@ -324,7 +304,7 @@ def run(models: list[str], config: str, threads: list[int], rounds: int = 5, bud
         try:
             got = bench_one(model, config, threads, rounds, budget_s, cold, engines)
         except Exception as exc:  # noqa: BLE001 -- a model that cannot be built or timed is its row
-            got = [Row(model, "-", error=_failed(exc))]
+            got = [Row(model, "-", error=br.failed_line(exc))]
         rows += got
         for r in got:
             print(row(got, r, threads), flush=True)
