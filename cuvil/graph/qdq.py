@@ -38,9 +38,9 @@ import numpy as np
 from cuvil.graph.ir import Graph, Node
 from cuvil.graph.qdq_table import match_table
 
-INTEGER_CONTRACTIONS = frozenset({"CuvilQLinearConv", "CuvilQLinearMatMul", "QLinearConv", "QLinearMatMul",
-                                  "MatMulInteger", "ConvInteger", "QGemm", "CuvilMatMulIntegerToFloat",
-                                  "CuvilConvIntegerToFloat"})
+INTEGER_CONTRACTIONS = frozenset({"CuvilQLinearConv", "CuvilQLinearConvNHWC", "CuvilQLinearMatMul", "QLinearConv",
+                                  "QLinearMatMul", "MatMulInteger", "ConvInteger", "QGemm",
+                                  "CuvilMatMulIntegerToFloat", "CuvilConvIntegerToFloat"})
 FLOAT_CONTRACTIONS = frozenset({"Conv", "CuvilConvNHWC", "Gemm", "MatMul", "ConvTranspose", "Einsum"})
 _MOVES = frozenset({"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"})
 _QLINEAR = {"Add": "QLinearAdd", "Mul": "QLinearMul", "Sigmoid": "QLinearSigmoid", "LeakyRelu": "QLinearLeakyRelu",

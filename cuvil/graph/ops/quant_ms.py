@@ -145,12 +145,23 @@ def qlinear_mul(ctx: NodeCtx) -> list:
 
 @op("QLinearGlobalAveragePool")
 def qlinear_global_average_pool(ctx: NodeCtx) -> list:
+    last = bool(int(ctx.attr("channels_last", 0)))
+    return _global_average_pool(ctx, last, last)
+
+
+@op("CuvilQLinearGlobalAveragePoolNHWC")
+def qlinear_global_average_pool_nhwc(ctx: NodeCtx) -> list:
+    """QLinearGlobalAveragePool of a channels-last input (:func:`cuvil.graph.passes.channels_last`) whose
+    readers take the NCHW ``(N, C, 1, 1)`` (the same bytes as NHWC)."""
+    return _global_average_pool(ctx, True, False)
+
+
+def _global_average_pool(ctx: NodeCtx, last: bool, out_last: bool) -> list:
     qx = _qtype(ctx, 0)
     qy = ctx.dtype(4) if ctx.has(4) else qx
     xs = ctx.shape(0)
     if len(xs) < 3:
         raise ctx.error(f"the input {list(xs)} must be (N, C, spatial...)")
-    last = int(ctx.attr("channels_last", 0))
     sx, sy = _scale(ctx, 1), _scale(ctx, 3)
     zx, zy = _zp(ctx, 2, qx), _zp(ctx, 4, qy)
     n, c = xs[0], xs[-1] if last else xs[1]
@@ -166,7 +177,7 @@ def qlinear_global_average_pool(ctx: NodeCtx) -> list:
         s = te.compute((n, c), lambda i, j: te.sum(te.cast(X[i, j, k], "int32"), axis=k), name="qgap_sum")
     y = te.compute((n, c), lambda i, j: requantize(s[i, j] - zx * size, te.const(mult, "float32"), zy, qy),
                    name="qgap")
-    out = (n,) + (1,) * (len(xs) - 2) + (c,) if last else (n, c) + (1,) * (len(xs) - 2)
+    out = (n,) + (1,) * (len(xs) - 2) + (c,) if out_last else (n, c) + (1,) * (len(xs) - 2)
     return [Shaped(y, out)]
 
 

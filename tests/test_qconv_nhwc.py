@@ -1,0 +1,174 @@
+"""Channels-last quantized convolutions (cuvil/graph/ops/qconv_nhwc.py) and the int8 part of the
+channels-last pass (cuvil.graph.passes.channels_last).
+
+The kernel is checked bit-exact against numpy's integer convolution (every u8/s8 mix, the byte limits,
+strides, dilations, padding with a pad value, groups and depthwise, an NCHW or NHWC input) on this host
+(``vpdpbusd`` where it has VNNI) and on a target without a dot-product instruction (the plain int32
+contraction).  Quantized models (onnxruntime's ``quantize_static``, QDQ and QOperator, u8 and s8) must give
+the same bytes channels-last as channels-first, and match onnxruntime on the same file.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+from reference import budget
+from test_int8_kernels import HOST, INT8, NO_VNNI, _conv_ref, _run, _values, needs_avx512
+
+import cuvil.graph.passes as passes
+import cuvil.onnx
+from cuvil.errors import ShapeError
+from cuvil.graph.ops.qconv_nhwc import int_conv_nhwc
+from cuvil.graph.qdq import integer_contractions
+
+ort = pytest.importorskip("onnxruntime")
+
+
+@st.composite
+def convs2d(draw):
+    kind = draw(st.sampled_from(["dense", "dense", "grouped", "depthwise"]))
+    if kind == "depthwise":
+        c = draw(st.sampled_from([1, 5, 16, 33]))
+        group, cg, per = c, 1, 1
+    else:
+        group = 1 if kind == "dense" else draw(st.sampled_from([2, 3]))
+        cg = draw(st.sampled_from([1, 3, 4, 5, 8, 12]))
+        per = draw(st.sampled_from([1, 7, 16, 33, 40]))
+    kernel = [draw(st.integers(1, 3)) for _ in range(2)]
+    strides = [draw(st.integers(1, 2)) for _ in range(2)]
+    dil = [draw(st.integers(1, 2)) for _ in range(2)]
+    pb = [draw(st.integers(0, 2)) for _ in range(2)]
+    pe = [draw(st.integers(0, 2)) for _ in range(2)]
+    spatial = [draw(st.integers(dil[d] * (kernel[d] - 1) + 1, 9)) for d in range(2)]
+    xd, wd = draw(st.sampled_from(INT8)), draw(st.sampled_from(INT8))
+    x = _values(draw, xd, (draw(st.integers(1, 2)), group * cg) + tuple(spatial))
+    w = _values(draw, wd, (group * per, cg) + tuple(kernel))
+    info = np.iinfo(xd)
+    pad_value = draw(st.sampled_from([0, int(info.min), int(info.max), 3]))
+    return x, w, strides, dil, pb, pe, group, pad_value
+
+
+def _nhwc_run(case, in_nhwc: bool, target=HOST) -> tuple[np.ndarray, np.ndarray]:
+    x, w, strides, dil, pb, pe, group, pv = case
+    xin = np.ascontiguousarray(x.transpose(0, 2, 3, 1)) if in_nhwc else x
+    got = _run(lambda ctx, t: int_conv_nhwc(ctx, t, w, strides, dil, pb, pe, group, pad_value=pv,
+                                            in_nhwc=in_nhwc), [xin], target)
+    return got, _conv_ref(x, w, strides, dil, pb, pe, group, pv).transpose(0, 2, 3, 1)
+
+
+@budget(0.75)
+@given(convs2d(), st.booleans())
+def test_int_conv_nhwc_exact(case, in_nhwc):
+    got, ref = _nhwc_run(case, in_nhwc)
+    np.testing.assert_array_equal(got, ref)
+
+
+@needs_avx512
+@budget(0.4)
+@given(convs2d(), st.booleans())
+def test_int_conv_nhwc_plain_path_exact(case, in_nhwc):
+    """A target without a dot-product instruction: the plain int32 contraction, channels in lanes."""
+    got, ref = _nhwc_run(case, in_nhwc, NO_VNNI)
+    np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("xd, wd", [(x, y) for x in INT8 for y in INT8])
+@pytest.mark.parametrize("kernel, stride, pad", [(3, 1, 1), (1, 2, 0), (1, 1, 0), (7, 2, 3)])
+def test_int_conv_nhwc_resnet_like_layers(xd, wd, kernel, stride, pad):
+    """ResNet's layers (3x3, strided 1x1, 1x1, the 7x7 / 2 stem reading 3 NCHW channels) at the byte
+    limits, with the padding at the type's maximum."""
+    rng = np.random.default_rng(4)
+    c = 3 if kernel == 7 else 64
+    x = rng.choice(np.array([np.iinfo(xd).min, np.iinfo(xd).max, 0], xd), (1, c, 12, 12))
+    w = rng.choice(np.array([np.iinfo(wd).min, np.iinfo(wd).max, 1], wd), (64, c, kernel, kernel))
+    case = (x, w, [stride] * 2, [1, 1], [pad] * 2, [pad] * 2, 1, int(np.iinfo(xd).max))
+    got, ref = _nhwc_run(case, in_nhwc=kernel != 7)
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_int_conv_nhwc_bad_input_is_a_shape_error():
+    x = np.zeros((1, 4, 4, 8), np.uint8)
+    w = np.zeros((16, 3, 3, 3), np.int8)  # 3 input channels per group, the input has 8
+    with pytest.raises(ShapeError, match="input channels do not fit"):
+        _run(lambda ctx, t: int_conv_nhwc(ctx, t, w, [1, 1], [1, 1], [1, 1], [1, 1], 1), [x])
+
+
+# -- whole models ----------------------------------------------------------------------------------------
+
+
+def _cnn() -> bytes:
+    """A small ResNet-like float model: stem conv, max pool, a residual block, global average pool, Gemm."""
+    r = np.random.default_rng(2)
+    inits = {"w1": r.standard_normal((16, 3, 3, 3)) * 0.3, "b1": r.standard_normal(16) * 0.1,
+             "w2": r.standard_normal((16, 16, 3, 3)) * 0.15, "b2": r.standard_normal(16) * 0.1,
+             "w3": r.standard_normal((32, 16, 1, 1)) * 0.3, "wd": r.standard_normal((32, 16, 1, 1)) * 0.3,
+             "wg": r.standard_normal((10, 32)) * 0.3, "bg": r.standard_normal(10) * 0.1}
+    inits = {k: v.astype(np.float32) for k, v in inits.items()}
+    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("MaxPool", ["r1"], ["mp"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             h.make_node("Conv", ["mp", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c2"], ["r2"]),
+             h.make_node("Conv", ["r2", "w3"], ["c3"]),
+             h.make_node("Conv", ["mp", "wd"], ["down"]),
+             h.make_node("Add", ["c3", "down"], ["a"]),
+             h.make_node("Relu", ["a"], ["ra"]),
+             h.make_node("GlobalAveragePool", ["ra"], ["gap"]),
+             h.make_node("Flatten", ["gap"], ["f"]),
+             h.make_node("Gemm", ["f", "wg", "bg"], ["y"], transB=1)]
+    g = h.make_graph(nodes, "cnn", [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 20, 20])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [2, 10])],
+                     [nh.from_array(v, k) for k, v in inits.items()])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+
+
+class _Reader:
+    def __init__(self) -> None:
+        r = np.random.default_rng(1)
+        self.data = iter([{"x": r.standard_normal((2, 3, 20, 20)).astype(np.float32)} for _ in range(4)])
+
+    def get_next(self):
+        return next(self.data, None)
+
+
+@pytest.mark.parametrize("fmt, act", [("QDQ", "QUInt8"), ("QDQ", "QInt8"), ("QOperator", "QUInt8"),
+                                      ("QOperator", "QInt8")])
+def test_quantized_cnn_is_channels_last_and_byte_identical(tmp_path, monkeypatch, fmt, act):
+    """Every quantized convolution runs channels-last, the residual add and the pools stay in that
+    layout (no transpose between convolutions), and the output is the same bytes as channels-first and
+    within one step of onnxruntime's on the same file."""
+    q = pytest.importorskip("onnxruntime.quantization")
+    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    src.write_bytes(_cnn())
+    q.quantize_static(str(src), str(dst), _Reader(), quant_format=getattr(q.QuantFormat, fmt),
+                      activation_type=getattr(q.QuantType, act), weight_type=q.QuantType.QInt8)
+    x = np.random.default_rng(9).standard_normal((2, 3, 20, 20)).astype(np.float32)
+    s = cuvil.onnx.InferenceSession(str(dst))
+    got = s.run(None, {"x": x})[0]
+    ops = [n.op_type for n in s._graph.nodes]
+    assert ops.count("CuvilQLinearConvNHWC") == 4, ops
+    assert "Transpose" not in ops, ops
+    counts = integer_contractions(s)
+    assert counts["float"] == [] and len(counts["integer"]) == 5, counts
+    monkeypatch.setattr(passes, "PASSES", tuple(p for p in passes.PASSES if p[0] != "channels last"))
+    first = cuvil.onnx.InferenceSession(str(dst))
+    assert "CuvilQLinearConvNHWC" not in {n.op_type for n in first._graph.nodes}
+    np.testing.assert_array_equal(got, first.run(None, {"x": x})[0])
+    ref = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    model = onnx.load(str(dst))
+    last = next(n for n in model.graph.node if n.output[0] == "y")  # the DequantizeLinear of the output
+    step = float(nh.to_array(next(t for t in model.graph.initializer if t.name == last.input[1])))
+    assert np.abs(got - ref).max() <= step * 1.0001, (np.abs(got - ref).max(), step)
+
+
+def test_float_model_without_depthwise_stays_nchw():
+    """The int8 part of the pass leaves float models alone: a plain float CNN keeps ONNX's Conv."""
+    s = cuvil.onnx.InferenceSession(_cnn())
+    ops = {n.op_type for n in s._graph.nodes}
+    assert "Conv" in ops and "CuvilConvNHWC" not in ops and "CuvilQLinearConvNHWC" not in ops
