@@ -1,5 +1,5 @@
-"""Channels-last quantized convolutions (cuvil/graph/ops/qconv_nhwc.py) and the int8 part of the
-channels-last pass (cuvil.graph.passes.channels_last).
+"""Channels-last quantized convolutions (cuvil/graph/ops/qconv_nhwc.py), the int8 part of the
+channels-last pass (cuvil.graph.passes.channels_last), and the requantization epilogue.
 
 The kernel is checked bit-exact against numpy's integer convolution (every u8/s8 mix, the byte limits,
 strides, dilations, padding with a pad value, groups and depthwise, an NCHW or NHWC input) on this host
@@ -21,9 +21,12 @@ from onnx import numpy_helper as nh
 from reference import budget
 from test_int8_kernels import HOST, INT8, NO_VNNI, _conv_ref, _run, _values, needs_avx512
 
+import cuvil
 import cuvil.graph.passes as passes
 import cuvil.onnx
+from cuvil import te
 from cuvil.errors import ShapeError
+from cuvil.graph.fuse import fusion_groups
 from cuvil.graph.ops.qconv_nhwc import int_conv_nhwc
 from cuvil.graph.qdq import integer_contractions
 
@@ -156,6 +159,8 @@ def test_quantized_cnn_is_channels_last_and_byte_identical(tmp_path, monkeypatch
     assert "Transpose" not in ops, ops
     counts = integer_contractions(s)
     assert counts["float"] == [] and len(counts["integer"]) == 5, counts
+    groups = [[s._graph.nodes[k].op_type for k in grp.members] for grp in fusion_groups(s._graph)]
+    assert ["CuvilQLinearConvNHWC", "QLinearAdd"] in groups, groups  # the residual add in a conv's epilogue
     monkeypatch.setattr(passes, "PASSES", tuple(p for p in passes.PASSES if p[0] != "channels last"))
     first = cuvil.onnx.InferenceSession(str(dst))
     assert "CuvilQLinearConvNHWC" not in {n.op_type for n in first._graph.nodes}
@@ -172,3 +177,37 @@ def test_float_model_without_depthwise_stays_nchw():
     s = cuvil.onnx.InferenceSession(_cnn())
     ops = {n.op_type for n in s._graph.nodes}
     assert "Conv" in ops and "CuvilConvNHWC" not in ops and "CuvilQLinearConvNHWC" not in ops
+
+
+# -- the requantization epilogue --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype, zy", [("uint8", 0), ("uint8", 131), ("int8", 0), ("int8", -7)])
+@pytest.mark.parametrize("mult", [0.25, 0.4999, 0.003])
+def test_requantize_rounds_half_to_even_and_saturates(qtype, zy, mult):
+    """``requantize(small=True)`` (rounded straight to int32, saturated in integers: ``vcvtps2dq`` and a
+    saturating narrowing on x86) gives numpy's float32 values: ties to even, the int32 extremes saturate."""
+    from cuvil.graph.ops.quant_mm import requantize
+
+    ties = np.arange(-40, 40, dtype=np.int64) * 2  # with mult 0.25: -20, -19.5, ... every other one a tie
+    extremes = np.array([-2**31, -2**31 + 1, 2**31 - 1, 2**30, -2**30, 1000, -1000, 511, 512, 513], np.int64)
+    acc = np.concatenate([ties, extremes, np.random.default_rng(3).integers(-2**31, 2**31, 200)]).astype(np.int32)
+    a = te.placeholder(acc.shape, dtype="int32", name="a")
+    outs = {}
+
+    def epilogue(small: bool):
+        return te.compute(acc.shape, lambda i: requantize(a[i], te.const(mult, "float32"), zy, qtype, small), name="y")
+
+    for small in (False, True):
+        y = epilogue(small)
+        mod = cuvil.build(cuvil.auto_schedule([a, y], HOST), [a, y], target=HOST)
+        out = np.zeros(acc.shape, qtype)
+        mod(acc, out)
+        outs[small] = out
+        if small and "avx512f" in HOST.enabled_features:
+            asm = mod.get_source("asm")
+            assert "vcvtps2dq" in asm and "vrndscaleps" not in asm
+    info = np.iinfo(qtype)
+    ref = np.clip(np.rint(acc.astype(np.float32) * np.float32(mult)).astype(np.float64) + zy, info.min, info.max)
+    np.testing.assert_array_equal(outs[False], ref.astype(qtype))
+    np.testing.assert_array_equal(outs[True], ref.astype(qtype))

@@ -60,6 +60,15 @@ _INTRINSIC = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "fabs", "floor"
               "round": "roundeven", "trunc": "trunc", "pow": "pow"}
 
 
+def rint_cast(e: Cast, target: Any) -> bool:
+    """``int32(round(x))`` of a float32 ``x`` on x86: emitted as one ``llvm.lrint`` (``cvtps2dq``) instead
+    of a rounding and a truncating conversion.  The same values wherever the conversion is defined
+    (``|x| < 2**31``; outside, both are unspecified); x86 code never changes the rounding mode."""
+    v = e.value
+    return (e.dtype == "int32" and isinstance(v, Call) and v.name == "round" and v.dtype == "float32"
+            and str(getattr(target, "triple", "")).startswith("x86_64"))
+
+
 class InternalError(CuvilError):
     """The loop IR handed to codegen is malformed (a bug in an earlier stage)."""
 
@@ -128,6 +137,8 @@ class ExprEmitter:
                 raise InternalError(f"internal error in LLVM codegen: variable {e.name!r} is not bound here")
             return self.env[e]
         if isinstance(e, Cast):
+            if rint_cast(e, self.target):
+                return self.lrint(self.expr(e.value.args[0]))  # type: ignore[attr-defined]
             return self.cast(self.expr(e.value), e.value.dtype, e.dtype)
         if isinstance(e, Binary):
             return self.binary(e.op, self.expr(e.a), self.expr(e.b), e.a.dtype)
@@ -240,6 +251,17 @@ class ExprEmitter:
         if elem(st).width > elem(tt).width:
             return b.trunc(v, tt)
         return b.zext(v, tt) if _unsigned(src) else b.sext(v, tt)
+
+    def lrint(self, v: ir.Value) -> ir.Value:
+        """float32 -> int32 rounded half to even in one instruction (``llvm.lrint``: x86's ``cvtps2dq``
+        under the default rounding mode; see :func:`rint_cast`)."""
+        t = v.type
+        i32 = like(v, I32)
+        fname = f"llvm.lrint.v{t.count}i32.v{t.count}f32" if isinstance(t, ir.VectorType) else "llvm.lrint.i32.f32"
+        fn = self.module.globals.get(fname)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(i32, [t]), fname)
+        return self.builder.call(fn, [v])
 
     def float_to_int(self, v: ir.Value, dst: str) -> ir.Value:
         """float -> integer by truncation, wrapping like numpy's C casts on x86 for negative -> unsigned.

@@ -61,7 +61,7 @@ from llvmlite import ir
 
 from cuvil import dtype as dt
 from cuvil.codegen.llvm_dot import bf16_pair_arith, dot_vector
-from cuvil.codegen.llvm_expr import I32, I64, InternalError, mem_type, reg_type
+from cuvil.codegen.llvm_expr import I32, I64, InternalError, mem_type, reg_type, rint_cast
 from cuvil.ir.expr import BF16_PAIR, DOT_CALLS, INDEX_CHECK, Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from cuvil.ir.functor import children, structural_equal, walk
 from cuvil.ir.stmt import Block, For, If, LetStmt, Stmt, Store
@@ -385,6 +385,8 @@ class VectorLoops:
         if isinstance(e, Var):
             return Lanes(base, 1)
         if isinstance(e, Cast):
+            if rint_cast(e, self.target):
+                return Lanes(self.lrint(self.vec(self.vexpr(e.value.args[0]))), None)  # type: ignore[attr-defined]
             x = self.vexpr(e.value)
             src, dst = e.value.dtype, e.dtype
             if x.stride is not None and dt.is_int(src) and dt.is_int(dst) and dt.bits(src) == dt.bits(dst):

@@ -58,8 +58,14 @@ def _constants(g: Graph) -> set[str]:
     return known
 
 
+# quantized element-wise ops that join a group as well: a residual QLinearAdd becomes part of the
+# requantization epilogue of the convolution before it
+QUANT_ELEMENTWISE = frozenset({"QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "CuvilQLinearLookup"})
+
+
 def _fusible_member(n: Node) -> bool:
-    return not n.domain and n.op_type in ELEMENTWISE and len([o for o in n.outputs if o]) == 1
+    return (not n.domain and (n.op_type in ELEMENTWISE or n.op_type in QUANT_ELEMENTWISE)
+            and len([o for o in n.outputs if o]) == 1)
 
 
 def fusion_groups(g: Graph) -> tuple[Group, ...]:

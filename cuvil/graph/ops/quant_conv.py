@@ -160,7 +160,7 @@ def qlinear_conv_build(ctx: NodeCtx, y_scale: int | None, y_zero: int | None, bi
         raise DTypeError(f"{ctx.node}: y_zero_point is {qy}; the output is uint8 or int8")
     mult = requant_multiplier(ctx, sx, sw, scale_value(ctx, y_scale, "y_scale"), m)
     zy = int(np.asarray(ctx.value(y_zero)).reshape(-1)[0]) if y_zero is not None and ctx.has(y_zero) else 0
-    return te.compute(shape, lambda *i: requantize(value(i), mult(i[ci]), zy, qy), name="qlinearconv_out")
+    return te.compute(shape, lambda *i: requantize(value(i), mult(i[ci]), zy, qy, mult.small), name="qlinearconv_out")
 
 
 @op("QLinearConv")

@@ -129,9 +129,19 @@ def const_vector(ctx: NodeCtx, v: np.ndarray, dtype: str = "int32") -> Callable[
     return lambda c: t[c]
 
 
-def requantize(acc: Any, mult: Any, zy: int, qtype: str) -> Any:
-    """``saturate(round_half_even(float(acc) * mult) + zy)`` as a ``qtype`` expression."""
+def requantize(acc: Any, mult: Any, zy: int, qtype: str, small: bool = False) -> Any:
+    """``saturate(round_half_even(float(acc) * mult) + zy)`` as a ``qtype`` expression.
+
+    ``small``: ``|mult| < 0.5`` (:attr:`Multiplier.small`), so ``float(acc) * mult`` of an int32 ``acc``
+    lies inside int32: it is rounded straight to int32 (one ``vcvtps2dq``: the code generator emits
+    ``int32(round(x))`` as ``llvm.lrint``) and saturated in integers (a saturating narrowing store), the
+    same values as rounding and clamping in float32 (four instructions fewer per vector)."""
     lo, hi = QRANGE[qtype]
+    if small:
+        v = te.cast(te.round(te.cast(acc, "float32") * mult), "int32")
+        if zy:
+            v = v + te.const(int(zy), "int32")
+        return te.cast(te.min(te.max(v, te.const(lo, "int32")), te.const(hi, "int32")), qtype)
     v = te.round(te.cast(acc, "float32") * mult) + float(zy)
     return te.cast(te.min(te.max(v, te.const(float(lo), "float32")), te.const(float(hi), "float32")), qtype)
 
@@ -254,13 +264,25 @@ def matmul_integer(ctx: NodeCtx) -> list:
     return [Shaped(te.compute(shp, lambda *i: value(i), name="matmulinteger_out"), out)]
 
 
-def requant_multiplier(ctx: NodeCtx, sx: np.ndarray, sw: np.ndarray, sy: np.ndarray, n: int) -> Callable:
-    """``sx * sw[c] / sy`` in float32 (onnxruntime's order), per column, as a read function."""
+@dataclass(frozen=True)
+class Multiplier:
+    """A requantization multiplier per column: ``mult(c)`` reads it; ``small`` when every value's
+    magnitude is below 0.5 (see :func:`requantize`)."""
+
+    read: Callable[[Any], Any]
+    small: bool
+
+    def __call__(self, c: Any) -> Any:
+        return self.read(c)
+
+
+def requant_multiplier(ctx: NodeCtx, sx: np.ndarray, sw: np.ndarray, sy: np.ndarray, n: int) -> Multiplier:
+    """``sx * sw[c] / sy`` in float32 (onnxruntime's order), per column."""
     if sx.size != 1 or sy.size != 1 or sw.size not in (1, n):
         raise ctx.error(f"the scales have {sx.size}, {sw.size} and {sy.size} values; the input's and the output's "
                         f"must be one value, the weights' 1 or {n}")
     m = (sx[0] * sw / sy[0]).astype(np.float32) * np.ones(n, np.float32)
-    return const_vector(ctx, m, "float32")
+    return Multiplier(const_vector(ctx, m, "float32"), bool(np.abs(m).max(initial=0) < 0.5))
 
 
 @op("QLinearMatMul")
@@ -273,7 +295,8 @@ def qlinear_matmul(ctx: NodeCtx) -> list:
     mult = requant_multiplier(ctx, scale_value(ctx, 1, "a_scale"), scale_value(ctx, 4, "b_scale"),
                               scale_value(ctx, 6, "y_scale"), shp[-1])
     zy = int(np.asarray(ctx.value(7)).reshape(-1)[0]) if ctx.has(7) else 0
-    y = te.compute(shp, lambda *i: requantize(value(i), mult(i[-1]), zy, qy), name="qlinearmatmul_out")
+    y = te.compute(shp, lambda *i: requantize(value(i), mult(i[-1]), zy, qy, mult.small),
+                   name="qlinearmatmul_out")
     return [Shaped(y, out)]
 
 
@@ -300,7 +323,8 @@ def cuvil_qlinear_matmul(ctx: NodeCtx) -> list:
         raise DTypeError(f"{ctx.node}: y_zero_point is {qy}; the output is uint8 or int8")
     mult = requant_multiplier(ctx, sa, sb, scale_value(ctx, 6, "y_scale"), shp[-1])
     zy = int(np.asarray(ctx.value(7)).reshape(-1)[0]) if ctx.has(7) else 0
-    return [Shaped(te.compute(shp, lambda *i: requantize(value(i), mult(i[-1]), zy, qy), name="qmatmul_out"), out)]
+    y = te.compute(shp, lambda *i: requantize(value(i), mult(i[-1]), zy, qy, mult.small), name="qmatmul_out")
+    return [Shaped(y, out)]
 
 
 def scale_reader(ctx: NodeCtx, i: int, n: int) -> Callable[[Any], Any]:

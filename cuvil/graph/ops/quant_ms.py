@@ -175,7 +175,8 @@ def _global_average_pool(ctx: NodeCtx, last: bool, out_last: bool) -> list:
         X = ctx.tensor(0, (n, c, size))
         k = te.reduce_axis((0, size), name="k")
         s = te.compute((n, c), lambda i, j: te.sum(te.cast(X[i, j, k], "int32"), axis=k), name="qgap_sum")
-    y = te.compute((n, c), lambda i, j: requantize(s[i, j] - zx * size, te.const(mult, "float32"), zy, qy),
+    y = te.compute((n, c), lambda i, j: requantize(s[i, j] - zx * size, te.const(mult, "float32"), zy, qy,
+                                                        abs(mult) < 0.5),
                    name="qgap")
     out = (n,) + (1,) * (len(xs) - 2) + (c,) if out_last else (n, c) + (1,) * (len(xs) - 2)
     return [Shaped(y, out)]
@@ -253,7 +254,8 @@ def qgemm(ctx: NodeCtx) -> list:
         raise DTypeError(f"{ctx.node}: y_zero_point is {qy}; QGemm writes uint8, int8 or float32")
     mult = requant_multiplier(ctx, sa * alpha, sb, scale_value(ctx, 7, "y_scale"), n)
     zy = _zp(ctx, 8, qy)
-    return [Shaped(te.compute(shp, lambda *i: requantize(value(i), mult(i[-1]), zy, qy), name="qgemm_out"), out)]
+    y = te.compute(shp, lambda *i: requantize(value(i), mult(i[-1]), zy, qy, mult.small), name="qgemm_out")
+    return [Shaped(y, out)]
 
 
 @op("QLinearSoftmax")
