@@ -211,3 +211,23 @@ def test_requantize_rounds_half_to_even_and_saturates(qtype, zy, mult):
     ref = np.clip(np.rint(acc.astype(np.float32) * np.float32(mult)).astype(np.float64) + zy, info.min, info.max)
     np.testing.assert_array_equal(outs[False], ref.astype(qtype))
     np.testing.assert_array_equal(outs[True], ref.astype(qtype))
+
+
+def test_quantized_fusion_groups():
+    """A residual QLinearAdd joins the quantized convolution before it; SiLU's table lookup and
+    QLinearMul group with each other but not into the convolution (a depthwise one's taps would be
+    computed once per read) and nothing quantized joins a matrix product."""
+    from cuvil.graph.ir import Graph, Node, ValueInfo
+
+    def graph(nodes: list[Node], out: str) -> Graph:
+        return Graph("g", [ValueInfo("x", "uint8", (1, 4, 4, 8))], [ValueInfo(out, "uint8", (1, 4, 4, 8))], {},
+                     nodes, 17)
+
+    conv = Node("CuvilQLinearConvNHWC", "c", ("x",), ("y",))
+    silu = [conv, Node("CuvilQLinearLookup", "l", ("y", "t"), ("s",)), Node("QLinearMul", "m", ("y", "s"), ("z",))]
+    assert [[n.op_type for n in (silu[k] for k in grp.members)] for grp in fusion_groups(graph(silu, "z"))] == [
+        ["CuvilQLinearConvNHWC"], ["CuvilQLinearLookup", "QLinearMul"]]
+    res = [conv, Node("QLinearAdd", "a", ("y", "x"), ("z",))]
+    assert [len(grp.members) for grp in fusion_groups(graph(res, "z"))] == [2]
+    mm = [Node("CuvilQLinearMatMul", "mm", ("x",), ("y",)), Node("QLinearAdd", "a", ("y", "x"), ("z",))]
+    assert [len(grp.members) for grp in fusion_groups(graph(mm, "z"))] == [1, 1]
