@@ -231,3 +231,33 @@ def test_quantized_fusion_groups():
     assert [len(grp.members) for grp in fusion_groups(graph(res, "z"))] == [2]
     mm = [Node("CuvilQLinearMatMul", "mm", ("x",), ("y",)), Node("QLinearAdd", "a", ("y", "x"), ("z",))]
     assert [len(grp.members) for grp in fusion_groups(graph(mm, "z"))] == [1, 1]
+
+
+@pytest.mark.parametrize("qx, group", [("uint8", 1), ("int8", 1), ("uint8", 4)])
+def test_weight_zero_point_and_groups_channels_last(monkeypatch, qx, group):
+    """Two chained QLinearConvs (the first's output internal, so it goes channels-last) with uint8
+    weights whose zero point is not 0 (the window sums of x, channels-last too) and with groups: the
+    same bytes as channels-first and, for uint8 x uint8, as onnxruntime."""
+    r = np.random.default_rng(5)
+    lo = {"uint8": 0, "int8": -128}[qx]
+    c = 8
+    x = r.integers(lo, lo + 256, (2, c, 7, 7)).astype(qx)
+    inits = {"sx": np.float32(0.02), "zx": np.array(lo + 37, qx), "sy": np.float32(0.3), "zy": np.array(lo + 90, qx),
+             "w1": r.integers(0, 256, (c, c // group, 3, 3)).astype(np.uint8), "sw": np.float32(0.004),
+             "zw": np.array(119, np.uint8), "w2": r.integers(0, 256, (6, c, 1, 1)).astype(np.uint8),
+             "B": r.integers(-3000, 3000, c).astype(np.int32)}
+    nodes = [h.make_node("QLinearConv", ["x", "sx", "zx", "w1", "sw", "zw", "sy", "zy", "B"], ["y1"],
+                         pads=[1, 1, 1, 1], group=group),
+             h.make_node("QLinearConv", ["y1", "sy", "zy", "w2", "sw", "zw", "sx", "zx"], ["y2"], strides=[2, 2])]
+    g = h.make_graph(nodes, "q", [h.make_tensor_value_info("x", getattr(T, qx.upper()), list(x.shape))],
+                     [h.make_tensor_value_info("y2", getattr(T, qx.upper()), None)],
+                     [nh.from_array(np.asarray(v), k) for k, v in inits.items()])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+    s = cuvil.onnx.InferenceSession(model)
+    assert [n.op_type for n in s._graph.nodes].count("CuvilQLinearConvNHWC") == 1
+    got = s.run(None, {"x": x})[0]
+    monkeypatch.setattr(passes, "PASSES", tuple(p for p in passes.PASSES if p[0] != "channels last"))
+    np.testing.assert_array_equal(got, cuvil.onnx.InferenceSession(model).run(None, {"x": x})[0])
+    if qx == "uint8":  # (onnxruntime has no QLinearConv of int8 x uint8)
+        ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(got, ref)
