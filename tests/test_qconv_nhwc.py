@@ -10,6 +10,8 @@ the same bytes channels-last as channels-first, and match onnxruntime on the sam
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -261,3 +263,27 @@ def test_weight_zero_point_and_groups_channels_last(monkeypatch, qx, group):
     if qx == "uint8":  # (onnxruntime has no QLinearConv of int8 x uint8)
         ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
         np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("xd, wd, instr", [(np.uint8, np.int8, "sdot"), (np.uint8, np.uint8, "udot")])
+def test_aarch64_channels_last_conv_under_qemu(tmp_path, xd, wd, instr):
+    """The channels-last convolution on AArch64 (+dotprod): ``sdot`` / ``udot`` from the same loop IR,
+    exact under qemu (a 3x3 window over a padded, strided NHWC input)."""
+    from test_aarch64 import _run_under_qemu
+    from test_int8_kernels import A76_DOT, _ctx
+
+    rng = np.random.default_rng(8)
+    x = rng.integers(np.iinfo(xd).min, np.iinfo(xd).max + 1, (1, 7, 9, 12)).astype(xd)  # NHWC
+    w = rng.integers(np.iinfo(wd).min, np.iinfo(wd).max + 1, (20, 12, 3, 3)).astype(wd)
+    tgt = cuvil.Target(A76_DOT)
+    ctx = _ctx(tgt)
+    X = te.placeholder(x.shape, dtype=x.dtype.name, name="X")
+    y = int_conv_nhwc(ctx, X, w, [2, 1], [1, 1], [1, 1], [1, 1], 1, pad_value=int(np.iinfo(xd).max))
+    args = [X] + [p for _, p in ctx.placeholders] + [y]
+    mod = cuvil.build(cuvil.auto_schedule(args, tgt), args, target=tgt, name="kernel")
+    assert re.search(rf"\b{instr}\s+v\d+\.4s", mod.get_source("asm")), f"no {instr} in the AArch64 kernel"
+    out = np.zeros([int(d.value) for d in y.shape], np.int32)
+    arrays = [x] + [ctx.entries[i] for i, _ in ctx.placeholders] + [out]
+    (got,) = _run_under_qemu(tmp_path, mod, arrays, {len(arrays) - 1})
+    ref = _conv_ref(x.transpose(0, 3, 1, 2), w, [2, 1], [1, 1], [1, 1], [1, 1], 1, int(np.iinfo(xd).max))
+    np.testing.assert_array_equal(got, ref.transpose(0, 2, 3, 1))
