@@ -287,3 +287,20 @@ def test_aarch64_channels_last_conv_under_qemu(tmp_path, xd, wd, instr):
     (got,) = _run_under_qemu(tmp_path, mod, arrays, {len(arrays) - 1})
     ref = _conv_ref(x.transpose(0, 3, 1, 2), w, [2, 1], [1, 1], [1, 1], [1, 1], 1, int(np.iinfo(xd).max))
     np.testing.assert_array_equal(got, ref.transpose(0, 2, 3, 1))
+
+
+def test_exported_library_of_a_quantized_cnn(tmp_path):
+    """``export_library`` of a quantized model (channels-last int8 convolutions, vpdpbusd where the target
+    has it): the .so, loaded by cuvil.runtime.load, gives the session's bytes."""
+    from cuvil.runtime import load
+
+    q = pytest.importorskip("onnxruntime.quantization")
+    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    src.write_bytes(_cnn())
+    q.quantize_static(str(src), str(dst), _Reader(), quant_format=q.QuantFormat.QDQ,
+                      activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8)
+    x = np.random.default_rng(4).standard_normal((2, 3, 20, 20)).astype(np.float32)
+    s = cuvil.onnx.InferenceSession(str(dst))
+    lib = s.export_library(tmp_path / "qcnn.so")
+    (got,) = load(lib).run(None, {"x": x})
+    np.testing.assert_array_equal(got, s.run(None, {"x": x})[0])
