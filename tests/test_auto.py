@@ -293,7 +293,9 @@ def test_default_knobs_are_the_untuned_choices():
 
 @pytest.mark.parametrize("shape,perm,dtype", [((300, 257), (1, 0), "float32"), ((3, 40, 70), (0, 2, 1), "float32"),
                                               ((33, 20, 18), (2, 1, 0), "float64"), ((90, 130), (1, 0), "int8"),
-                                              ((4, 50, 3, 40), (0, 3, 2, 1), "float32")])
+                                              ((4, 50, 3, 40), (0, 3, 2, 1), "float32"),
+                                              # rows shorter than a vector of bytes (NHWC -> NCHW of uint8)
+                                              ((1, 56, 56, 256), (0, 3, 1, 2), "uint8"), ((24, 100), (1, 0), "int8")])
 def test_transposing_copies_run_in_square_blocks(shape, perm, dtype):
     A = te.placeholder(shape, name="A", dtype=dtype)
     out_shape = tuple(shape[p] for p in perm)

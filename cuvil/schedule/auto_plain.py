@@ -345,9 +345,11 @@ class PlainStrategies:
         selectors = _selector_axes(st)
         if selectors:
             self._unrolled_selectors(st, selectors, v, strict)
-        elif rows is not None and ext is not None and ext >= v:
+        elif rows is not None and ext is not None and ext >= min(v, 16):
             try:
-                self._transpose_tiles(st, rows, inner, v)
+                # (rows shorter than a vector of bytes take a vector of the largest power of two that fits:
+                # a 56-pixel uint8 row as 32 + 24 lanes, not 56 gathers of a stride of the channels)
+                self._transpose_tiles(st, rows, inner, v if ext >= v else 1 << (ext.bit_length() - 1))
             except REFUSED as exc:
                 if strict:
                     raise
@@ -457,6 +459,8 @@ class PlainStrategies:
             for (i.o < N / 16) for (j.o < N / 16) for (i.i < 16) vector(16) B[..] = A[..]  // a 16 x 16 block
         """
         t = max(v, 64 // max(1, _dtype_bytes(st.op.dtype)))
+        if (const_int(inner.extent) or t) < t:
+            t = v
         io, ii = st.split(rows, factor=t)
         jo, ji = st.split(inner, factor=t)
         keep = [a for a in st.leaves if not any(a is b for b in (io, ii, jo, ji))]
