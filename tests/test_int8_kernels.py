@@ -206,7 +206,12 @@ def convs(draw):
     group = draw(st.sampled_from([1, 1, 1, 2, 3]))
     cg = draw(st.sampled_from([1, 3, 4, 5, 8]))
     per = draw(st.sampled_from([1, 2, 5, 16, 33])) if group > 1 else draw(st.sampled_from([1, 7, 16, 33, 40]))
-    nsp = draw(st.sampled_from([1, 2, 2]))
+    return conv_case(draw, group, cg, per, draw(st.sampled_from([1, 2, 2])))
+
+
+def conv_case(draw, group: int, cg: int, per: int, nsp: int):
+    """A convolution of ``group`` groups of ``cg`` input and ``per`` output channels in ``nsp`` spatial
+    dimensions: its window, the input and the weights (values at the byte limits too), a pad value."""
     kernel = [draw(st.integers(1, 3)) for _ in range(nsp)]
     strides = [draw(st.integers(1, 2)) for _ in range(nsp)]
     dil = [draw(st.integers(1, 2)) for _ in range(nsp)]

@@ -21,7 +21,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 from reference import budget
-from test_int8_kernels import HOST, INT8, NO_VNNI, _conv_ref, _run, _values, needs_avx512
+from test_int8_kernels import HOST, INT8, NO_VNNI, _conv_ref, _run, conv_case, needs_avx512
 
 import cuvil
 import cuvil.graph.passes as passes
@@ -45,18 +45,7 @@ def convs2d(draw):
         group = 1 if kind == "dense" else draw(st.sampled_from([2, 3]))
         cg = draw(st.sampled_from([1, 3, 4, 5, 8, 12]))
         per = draw(st.sampled_from([1, 7, 16, 33, 40]))
-    kernel = [draw(st.integers(1, 3)) for _ in range(2)]
-    strides = [draw(st.integers(1, 2)) for _ in range(2)]
-    dil = [draw(st.integers(1, 2)) for _ in range(2)]
-    pb = [draw(st.integers(0, 2)) for _ in range(2)]
-    pe = [draw(st.integers(0, 2)) for _ in range(2)]
-    spatial = [draw(st.integers(dil[d] * (kernel[d] - 1) + 1, 9)) for d in range(2)]
-    xd, wd = draw(st.sampled_from(INT8)), draw(st.sampled_from(INT8))
-    x = _values(draw, xd, (draw(st.integers(1, 2)), group * cg) + tuple(spatial))
-    w = _values(draw, wd, (group * per, cg) + tuple(kernel))
-    info = np.iinfo(xd)
-    pad_value = draw(st.sampled_from([0, int(info.min), int(info.max), 3]))
-    return x, w, strides, dil, pb, pe, group, pad_value
+    return conv_case(draw, group, cg, per, 2)
 
 
 def _nhwc_run(case, in_nhwc: bool, target=HOST) -> tuple[np.ndarray, np.ndarray]:
