@@ -459,7 +459,8 @@ class PlainStrategies:
             for (i.o < N / 16) for (j.o < N / 16) for (i.i < 16) vector(16) B[..] = A[..]  // a 16 x 16 block
         """
         t = max(v, 64 // max(1, _dtype_bytes(st.op.dtype)))
-        if (const_int(inner.extent) or t) < t:
+        ext = const_int(inner.extent)
+        if ext is not None and ext < t:  # a row shorter than a cache line: blocks of one vector
             t = v
         io, ii = st.split(rows, factor=t)
         jo, ji = st.split(inner, factor=t)

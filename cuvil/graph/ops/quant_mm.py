@@ -282,7 +282,13 @@ def requant_multiplier(ctx: NodeCtx, sx: np.ndarray, sw: np.ndarray, sy: np.ndar
         raise ctx.error(f"the scales have {sx.size}, {sw.size} and {sy.size} values; the input's and the output's "
                         f"must be one value, the weights' 1 or {n}")
     m = (sx[0] * sw / sy[0]).astype(np.float32) * np.ones(n, np.float32)
-    return Multiplier(const_vector(ctx, m, "float32"), bool(np.abs(m).max(initial=0) < 0.5))
+    return Multiplier(const_vector(ctx, m, "float32"), small_multiplier(m))
+
+
+def small_multiplier(m: Any) -> bool:
+    """Whether every requantization multiplier in ``m`` has a magnitude below 0.5 (``requantize``'s
+    ``small``)."""
+    return bool(np.abs(np.asarray(m, np.float64)).max(initial=0) < 0.5)
 
 
 @op("QLinearMatMul")

@@ -29,7 +29,14 @@ from cuvil import te
 from cuvil.errors import DTypeError
 from cuvil.graph.ops.base import NodeCtx, Shaped, broadcast_shapes, elementwise, norm_axis, op
 from cuvil.graph.ops.quant import QRANGE
-from cuvil.graph.ops.quant_mm import _I8, matmul_corrected, requant_multiplier, requantize, scale_value
+from cuvil.graph.ops.quant_mm import (
+    _I8,
+    matmul_corrected,
+    requant_multiplier,
+    requantize,
+    scale_value,
+    small_multiplier,
+)
 
 MS_OPS = frozenset({"QGemm", "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QLinearConcat",
                     "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax"})
@@ -176,7 +183,7 @@ def _global_average_pool(ctx: NodeCtx, last: bool, out_last: bool) -> list:
         k = te.reduce_axis((0, size), name="k")
         s = te.compute((n, c), lambda i, j: te.sum(te.cast(X[i, j, k], "int32"), axis=k), name="qgap_sum")
     y = te.compute((n, c), lambda i, j: requantize(s[i, j] - zx * size, te.const(mult, "float32"), zy, qy,
-                                                        abs(mult) < 0.5),
+                                                        small_multiplier(mult)),
                    name="qgap")
     out = (n,) + (1,) * (len(xs) - 2) + (c,) if out_last else (n, c) + (1,) * (len(xs) - 2)
     return [Shaped(y, out)]
