@@ -6,9 +6,17 @@ A target is written as a string and parsed once (instances are cached)::
     Target("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76 -mattr=+neon")
     Target("cuda -arch=sm_90")          # PTX through NVRTC (see docs/cuda.md)
 
-Known ARM CPUs (:data:`ARM_CPUS`: Cortex-A53/A72/A76, Neoverse N1/V1/V2) bring
-their caches, core counts and default features (NEON, and SVE where the CPU
-has it) when ``-mcpu`` names them.
+Known CPUs bring their caches, core counts and features when ``-mcpu`` names
+them: x86 (:data:`X86_CPUS`: the x86-64-v2/v3/v4 levels, Haswell, Skylake-X,
+Cascade Lake, Ice Lake, Sapphire / Emerald Rapids, Alder Lake, Zen 3, Zen 4)
+and ARM (:data:`ARM_CPUS`: Cortex-A53/A72/A76, Neoverse N1/V1/V2; NEON, and SVE
+where the CPU has it).  ``Target("llvm -mcpu=x86-64-v3")`` is AVX2 code that any
+newer x86 runs; on such a host it runs here (``is_host``), with the host's caches.
+
+``CUVIL_HOST_TARGET=x86-64-v3`` (any CPU of :data:`X86_CPUS` whose features
+this host has) narrows the host: ``Target("llvm")`` is then that CPU, so a whole
+run (tests, benchmarks, sessions) compiles the code a machine with that ISA would
+get, and runs it here.
 
 ``canonical`` spells out the triple, CPU and enabled features in a stable
 order; tuning records and compile caches are keyed by it.  ``vector_bits``,
@@ -50,6 +58,28 @@ ARM_CPUS: dict[str, CpuInfo] = {
     "neoverse-v2": CpuInfo(72, "+neon,+crc,+dotprod,+fullfp16,+sve,+sve2,+bf16", 64 * _K, 1 * _M, 114 * _M,
                            sve_bits=128),  # NVIDIA Grace
 }
+# x86 CPUs by LLVM name: the features cuvil's code generator reads (LLVM's own names), cumulative levels
+_V2 = "+sse,+sse2,+sse3,+ssse3,+sse4.1,+sse4.2,+popcnt,+cx16"
+_V3 = _V2 + ",+avx,+avx2,+bmi,+bmi2,+f16c,+fma,+lzcnt,+movbe"
+_V4 = _V3 + ",+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl"
+_ICX = _V4 + ",+avx512vnni,+avx512vbmi,+avx512vbmi2,+avx512bitalg,+avx512vpopcntdq,+avx512ifma,+gfni,+vaes,+vpclmulqdq"
+_SPR = _ICX + ",+avx512bf16,+avx512fp16,+avxvnni,+amx-tile,+amx-int8,+amx-bf16"
+X86_CPUS: dict[str, CpuInfo] = {
+    "x86-64": CpuInfo(4, "+sse,+sse2", 32 * _K, 256 * _K, 8 * _M),  # the baseline every x86-64 runs
+    "x86-64-v2": CpuInfo(4, _V2, 32 * _K, 256 * _K, 8 * _M),  # SSE4.2 (Nehalem and later)
+    "x86-64-v3": CpuInfo(4, _V3, 32 * _K, 1 * _M, 16 * _M),  # AVX2 + FMA (Haswell, Zen 1-3, Intel client)
+    "x86-64-v4": CpuInfo(4, _V4, 48 * _K, 1 * _M, 32 * _M),  # AVX-512 F/BW/CD/DQ/VL
+    "haswell": CpuInfo(4, _V3, 32 * _K, 256 * _K, 8 * _M),
+    "skylake-avx512": CpuInfo(16, _V4, 32 * _K, 1 * _M, 22 * _M),
+    "cascadelake": CpuInfo(16, _V4 + ",+avx512vnni", 32 * _K, 1 * _M, 22 * _M),
+    "icelake-server": CpuInfo(16, _ICX, 48 * _K, 1280 * _K, 36 * _M),
+    "sapphirerapids": CpuInfo(32, _SPR, 48 * _K, 2 * _M, 60 * _M),
+    "emeraldrapids": CpuInfo(32, _SPR, 48 * _K, 2 * _M, 160 * _M),
+    "alderlake": CpuInfo(8, _V3 + ",+avxvnni,+gfni,+vaes,+vpclmulqdq", 48 * _K, 1280 * _K, 24 * _M),  # P-cores
+    "znver3": CpuInfo(8, _V3 + ",+sse4a,+vaes,+vpclmulqdq", 32 * _K, 512 * _K, 32 * _M),
+    "znver4": CpuInfo(8, _ICX + ",+avx512bf16,+sse4a", 32 * _K, 1 * _M, 32 * _M),
+}
+HOST_TARGET_ENV = "CUVIL_HOST_TARGET"
 _OPTIONS = {"llvm": ("mtriple", "mcpu", "mattr", "num-cores"), "cuda": ("arch",)}
 
 
@@ -75,6 +105,8 @@ class Target:
         if not isinstance(spec, str):
             raise TargetError(f"a target is a string such as 'llvm' or 'cuda -arch=sm_90', got {spec!r}")
         key = " ".join(spec.split())
+        if key == "llvm":
+            key = host_spec()
         if key not in cls._cache:
             obj = super().__new__(cls)
             obj._parse(key)
@@ -122,22 +154,35 @@ class Target:
                 self.cpu = opts.get("mcpu", "generic")
                 self.features = _parse_mattr(opts.get("mattr", ""), spec)
             _check_llvm_target(self.triple, spec)
-            info = ARM_CPUS.get(self.cpu) if self.triple.startswith("aarch64") and not host_cpu else None
+            table = ARM_CPUS if self.triple.startswith("aarch64") else X86_CPUS if self.triple.startswith(
+                "x86_64") else {}
+            info = None if host_cpu else table.get(self.cpu)
             if info is not None:
                 self.features = _merge_features(info.features, self.features)
-                caches.update(l1=info.l1, l2=info.l2, l3=info.l3)
             elif self.triple.startswith("aarch64") and not host_cpu and "neon" not in self.features:
                 self.features = _merge_features("+neon", self.features)  # every AArch64 CPU has NEON
+            if self.is_host and not host_cpu:
+                # a named CPU on this host's architecture runs here only if this CPU has all it enables
+                self.is_host = not self.missing_here()
+            if info is not None and not self.is_host:
+                caches.update(l1=info.l1, l2=info.l2, l3=info.l3)
             default_cores = (os.cpu_count() or 1) if self.is_host else info.cores if info is not None else 4
             try:
                 self.num_cores = int(opts.get("num-cores", default_cores))
             except ValueError:
                 raise TargetError(f"-num-cores must be an integer in {spec!r}") from None
-            if host_cpu:
+            if self.is_host:  # the code runs on this machine: its caches are the ones that matter
                 caches.update(_host_caches())
         self.l1_size, self.l2_size, self.l3_size = caches["l1"], caches["l2"], caches["l3"]
 
     # -- derived facts --------------------------------------------------------
+    def missing_here(self) -> list[str]:
+        """The enabled features this machine's CPU lacks (empty: code for this target runs here)."""
+        if self.kind != "llvm" or not _same_machine(self.triple, llvm_binding().get_process_triple()):
+            return ["architecture " + self.triple.split("-")[0]]
+        have = {k for k, v in llvm_binding().get_host_cpu_features().items() if v}
+        return [f for f in self.enabled_features if f not in have]
+
     @property
     def enabled_features(self) -> tuple[str, ...]:
         """Names of the enabled features, sorted, without the '+'."""
@@ -200,6 +245,23 @@ class Target:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Target, (self.canonical,))
+
+
+def host_spec() -> str:
+    """The target string ``"llvm"`` stands for: this host, or the CPU ``CUVIL_HOST_TARGET`` narrows it to."""
+    name = os.environ.get(HOST_TARGET_ENV, "").strip()
+    if not name or name == "native":
+        return "llvm"
+    if name not in X86_CPUS and name not in ARM_CPUS:
+        known = ", ".join(sorted(X86_CPUS) + sorted(ARM_CPUS))
+        raise TargetError(f"{HOST_TARGET_ENV}={name!r} names no CPU cuvil knows; known: native, {known}")
+    spec = f"llvm -mcpu={name}"
+    missing = Target(spec).missing_here()
+    if missing:
+        raise TargetError(f"{HOST_TARGET_ENV}={name!r} cannot narrow this host: its CPU lacks "
+                          f"{', '.join(missing)}; choose a CPU whose features this one has (x86-64-v3 runs on "
+                          "any x86 with AVX2)")
+    return spec
 
 
 def llvm_binding() -> Any:

@@ -1,5 +1,8 @@
 """auto_schedule: every program it schedules gives numpy's result; contractions get the register tile."""
 
+import re
+
+import isa
 import numpy as np
 import pytest
 from hypothesis import given
@@ -97,8 +100,9 @@ def _conv_ref(x, w, pad):
 
 
 def test_small_image_conv_vectorises_over_filters():
-    # a 7x7 image leaves 7 of 16 lanes busy along x; with the weights packed into 32-filter panels the
-    # tile is 7 pixels x 32 filters (14 accumulators), and the tile's local buffer keeps filters innermost
+    # a 7x7 image leaves most lanes idle along x; with the weights packed into filter panels the tile is
+    # pixels x filters, filters in the vector lanes (the tile's local buffer keeps them innermost), and its
+    # accumulators fit the register file.  AVX-512: 7 pixels x 32 filters (14 accumulators)
     X = te.placeholder((1, 96, 7, 7), name="X")
     W = te.placeholder((96, 96, 3, 3), name="W")
     Y = ops.relu(ops.conv2d_nchw(X, W, stride=1, padding=1))
@@ -106,7 +110,15 @@ def test_small_image_conv_vectorises_over_filters():
     w = rng.standard_normal((96, 96, 3, 3), dtype=np.float32)
     s, (y,) = _run([X, W, Y], [x, w])
     assert [st.stage for st in s.trace if st.op == "cache_read"] == ["W"]
-    assert "[1, 1, 7, 32];" in str(cuvil.lower(s, [X, W, Y]))
+    text = str(cuvil.lower(s, [X, W, Y]))
+    tiles = {(int(p), int(f)) for p, f in re.findall(r"local float32 conv\[1, 1, (\d+), (\d+)\]", text)}
+    assert len(tiles) == 1, text
+    ((pixels, filters),) = tiles
+    v = isa.lanes(32)
+    assert filters % v == 0 and pixels * filters // v <= isa.HOST.vector_registers, (pixels, filters)
+    assert ("vectorize", "conv", ("f",)) in [(st.op, st.stage, st.args) for st in s.trace]
+    if isa.IS_512:
+        assert (pixels, filters) == (7, 32)
     _close(y, np.maximum(_conv_ref(x, w, 1), 0), 96 * 9, _conv_ref(np.abs(x), np.abs(w), 1))
 
 
@@ -121,14 +133,20 @@ def test_softmax_and_symbolic_elementwise():
     Y = te.compute((R, C), lambda i, j: e[i, j] / sm[i], name="Y")
     x = rng.standard_normal((R, C), dtype=np.float32)
     s, (y,) = _run([X, Y], [x])
-    # row reductions become vector-lane partial results (rfactor) and a short lane reduction
-    assert [st.stage for st in s.trace if st.op == "rfactor"] == ["sm", "mx"]
+    # row reductions become vector-lane partial results (rfactor) and a short lane reduction: one lane
+    # stage of one vector, or (a row of 4 vectors or more, a multiple of 4: 96 floats on AVX2) 4 vectors
+    # folded into one
+    widths = isa.row_lane_widths(C)
+    assert [st.stage for st in s.trace if st.op == "rfactor"] == ["sm"] * len(widths) + ["mx"] * len(widths)
     # every stage computed inside the output's row loop: one parallel loop, the row's partial results local
+    lane_stages = {(f"{r}.rf", r) for r in ("sm", "mx")} if len(widths) == 1 else {
+        (f"{r}.rf1", r) for r in ("sm", "mx")} | {(f"{r}.rf", f"{r}.rf1") for r in ("sm", "mx")}
     assert {(st.stage, st.args[0]) for st in s.trace if st.op == "compute_at"} == {
-        ("sm", "Y"), ("sm.rf", "sm"), ("e", "Y"), ("mx", "e"), ("mx.rf", "mx")}
+        ("sm", "Y"), ("e", "Y"), ("mx", "e")} | lane_stages
     loops = cuvil.lower(s, [X, Y]).body
     text = str(loops)
-    assert text.count("for (i = 0; i < 16") == 1 and "i_1" not in text and "local float32 mx.rf[1, 16]" in text
+    assert text.count("for (i = 0; i < 16") == 1 and "i_1" not in text
+    assert f"local float32 mx.rf[1, {widths[0]}]" in text, text
     ex = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
     np.testing.assert_allclose(y, ex / ex.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
 

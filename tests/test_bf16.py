@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import warnings
 
+import isa
 import numpy as np
 import pytest
 import toolchain
@@ -28,8 +29,8 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 HOST = cuvil.Target("llvm")
 HAS_BF16 = "avx512bf16" in HOST.enabled_features
-needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU lacks avx512bf16")
-needs_avx512 = pytest.mark.skipif("avx512f" not in HOST.enabled_features, reason="this CPU lacks avx512f")
+needs_bf16 = isa.needs("avx512bf16")
+needs_avx512 = isa.needs("avx512f")
 NO_BF16 = "llvm -mcpu=skylake-avx512 -mattr=+avx512f,+avx512bw,+avx512vl,+avx512dq"  # AVX-512 without BF16
 RNG = np.random.default_rng(19)
 
@@ -92,7 +93,7 @@ def _widen(a: np.ndarray) -> np.ndarray:
                          ids=["scalar", "vector", "vector-without-avx512bf16"])
 def test_dot2_sums_the_rounded_products(vector, target):
     if target == NO_BF16 and "avx512f" not in HOST.enabled_features:
-        pytest.skip("this CPU lacks avx512f")
+        pytest.skip(isa.lacks("avx512f"))
     k2, n = 37, 48
     u = RNG.standard_normal(2 * k2).astype(np.float32)
     w = RNG.standard_normal((2 * k2, n)).astype(np.float32)

@@ -143,7 +143,8 @@ def test_board_targets_from_facts() -> None:
                                                            "popcnt", "cx16", "avx", "avx2", "fma", "bmi1",
                                                            "bmi2", "f16c", "abm", "movbe"]}
     assert "-mcpu=x86-64-v3" in target_of(x86)
-    assert uncovered("llvm -mtriple=x86_64-linux-gnu -mcpu=x86-64-v4 -mattr=+avx512f", x86) == ["avx512f"]
+    assert uncovered("llvm -mtriple=x86_64-linux-gnu -mcpu=x86-64-v4 -mattr=+avx512f", x86) == [
+        "avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl"]  # x86-64-v4 is AVX-512 F, BW, CD, DQ and VL
     assert uncovered(target_of(x86), x86) == []
     assert uncovered(target_of(rpi5), x86)[0].startswith("architecture aarch64")
     with pytest.raises(cuvil.TargetError, match="riscv"):

@@ -2,6 +2,7 @@
 
 import math
 
+import isa
 import numpy as np
 import toolchain
 
@@ -232,8 +233,11 @@ def test_an_nchw_conv_tile_keeps_its_accumulators_at_constant_indices():
     prog = compile_graph(import_model(model), {"x": (1, 32, 8, 64)}, {}, "llvm")
     [func] = [f for f in prog.kernel_funcs if "conv" in str(f)]
     text = str(func)
-    inits = re.findall(r"conv\[0, 0, (\d+), sp1\] = 0\.0f", text)
-    assert sorted(set(inits)) == [str(k) for k in range(8)], text[:2000]
+    # each of the tile's filter rows (8 with AVX-512, fewer where the register file or lanes are smaller)
+    # is initialised at a constant index
+    rows = sorted({int(k) for k in re.findall(r"conv\[0, 0, (\d+), sp1\] = 0\.0f", text)})
+    assert len(rows) >= 2 and rows == list(range(len(rows))), text[:2000]
+    assert not isa.IS_512 or len(rows) == 8, rows
     x = rng.standard_normal((1, 32, 8, 64)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(prog.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)

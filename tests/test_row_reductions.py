@@ -4,6 +4,7 @@ match numpy within the reduction tolerance."""
 
 import re
 
+import isa
 import numpy as np
 import pytest
 
@@ -37,10 +38,12 @@ def test_row_reduction_matches_numpy(op, k):
         want = x.astype(np.float64).sum(axis=1) if op == "sum" else x.max(axis=1)
     tol = np.sqrt(k) * 1e-7 * np.abs(x[np.isfinite(x)]).max() * 4
     np.testing.assert_allclose(y, want, rtol=1e-6, atol=tol)
-    if k >= 64:  # vector lanes of partial results (past the row's end masked: 77 and 1500), not k dependent steps
-        assert "S.rf[" in str(cuvil.lower(s, [X, S]))
-    if k % 64 == 0:  # 4 vectors of partial results, folded in halves (shuffles), not 16 dependent steps
-        assert "S.rf[37, 64]" in str(cuvil.lower(s, [X, S])).replace("global float32 ", "")
+    widths = isa.row_lane_widths(k)
+    text = str(cuvil.lower(s, [X, S])).replace("global float32 ", "")
+    if widths:  # vector lanes of partial results (past the row's end masked: 77 and 1500), not k dependent steps
+        assert f"S.rf[37, {widths[0]}]" in text, text
+    if len(widths) == 2:  # 4 vectors of partial results, folded in halves (shuffles), not dependent steps
+        assert f"S.rf1[37, {widths[1]}]" in text, text
         ir_text = mod.get_source("llvm-unopt")
         assert re.search(r"shufflevector <16 x float> .*<8 x i32> <i32 8, i32 9", ir_text) or \
             re.search(r"shufflevector <8 x float> .*<4 x i32> <i32 4, i32 5", ir_text), "no lane fold"

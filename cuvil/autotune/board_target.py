@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from cuvil.target import X86_CPUS
+
 # /proc/cpuinfo flag -> LLVM feature (flags absent here have no code generation meaning for cuvil)
 X86_FEATURES = {
     "sse": "sse", "sse2": "sse2", "pni": "sse3", "ssse3": "ssse3", "sse4_1": "sse4.1", "sse4_2": "sse4.2",
@@ -34,11 +36,9 @@ AARCH64_FEATURES = {
     "asimd": "neon", "asimddp": "dotprod", "asimdhp": "fullfp16", "crc32": "crc", "sve": "sve", "sve2": "sve2",
     "i8mm": "i8mm", "bf16": "bf16", "atomics": "lse", "asimdrdm": "rdm",
 }
-_X86_LEVELS = (  # (-mcpu, the LLVM features it implies), highest first
-    ("x86-64-v4", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}),
-    ("x86-64-v3", {"avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe"}),
-    ("x86-64-v2", {"cx16", "popcnt", "sse3", "sse4.1", "sse4.2", "ssse3"}),
-)
+# (-mcpu, the LLVM features it implies), highest first: the levels of cuvil.target's table
+_X86_LEVELS = tuple((name, {f[1:] for f in X86_CPUS[name].features.split(",")})
+                    for name in ("x86-64-v4", "x86-64-v3", "x86-64-v2"))
 
 
 def _arch(facts: dict[str, Any]) -> str:

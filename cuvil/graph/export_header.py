@@ -253,7 +253,8 @@ def model_header(meta: dict[str, Any], lib_name: str) -> str:
         lines += [f"/* Bytes of workspace a call needs ({P}_WORKSPACE_BYTES). */",
                   f"int64_t {p}_workspace_size(void);", ""]
     lines += [
-        "/* Threads for the parallel loops of later calls; n <= 0 (the default) lets libgomp choose",
+        "/* Threads for the parallel loops of later calls; n <= 0 (the default) lets "
+        + ("libgomp choose" if gomp else "the runtime choose"),
         " * (OMP_NUM_THREADS, else all cores). Set it before starting calls from several threads."
         + (" Run with\n * GOMP_SPINCOUNT=3000 (cuvil's Python loader sets it): libgomp's default spins for tens of"
            "\n * ms, taking the cores a team member needs on a shared machine." if gomp else
