@@ -1,12 +1,20 @@
-"""Registry models quantized by onnxruntime's own tool (cuvil.registry.quantize), run by cuvil and by
-onnxruntime on the same int8 file (issue 19, item 4).
+"""Registry models quantized by onnxruntime's own tool (cuvil.registry.quantize), run by cuvil against the
+semantics of the same int8 file (issue 19, item 4; issue 27), never against onnxruntime's fused kernels alone.
 
 For every model of the set at its ``ci`` config and every scheme (QDQ U8S8 / S8S8, per tensor and per
 channel, QOperator, dynamic; CI runs 8 of the 36 pairs, every model and every scheme at least once, and
 ``CUVIL_QUANT=full`` all of them):
 
-- cuvil's outputs lie within 2 steps of the last quantization's scale of onnxruntime's, and agree with
-  them on argmax wherever onnxruntime's top-2 margin exceeds 2 steps (``quantize.compare_quantized``);
+- cuvil's outputs lie within 1 step of the last quantization's scale of the file's semantics, and agree
+  with them on argmax wherever the semantics' top-2 margin exceeds 1 step (``quantize.compare_quantized``);
+  GPT-2's QDQ files within 2 steps (a softmax value within float32's rounding of a tie, rounded the other
+  way, carried to the logits: measured 2.0 steps, for onnxruntime's exact kernels as well).  The semantics
+  (tests/quant_reference.py): a QDQ file run by onnxruntime with its graph optimizations off (Q / DQ
+  element-wise around float contractions); a QOperator or dynamic file with its QLinear operators written
+  as DQ -> float operator -> Q and its MatMulInteger / ConvInteger as exact integer ones, run the same way;
+- onnxruntime's default session on the file (its fused integer kernels), second and labelled, is held to
+  the same bound on an x86 CPU with VNNI; without VNNI its u8 x s8 kernels (``vpmaddubsw``'s saturating
+  16-bit pair sums) lie 3-11 steps off (measured on a Zen 3), which is reported as a warning, not failed;
 - no contraction the quantizer quantized (a Conv / Gemm / MatMul whose data inputs are dequantized, a
   QLinearConv, QGemm, MatMulInteger ...) still runs as a float contraction in cuvil: the session's
   optimized graph is read by ``cuvil.graph.qdq.integer_contractions`` (the float contractions it runs:
@@ -31,7 +39,7 @@ for _mod in ("torch", "transformers", "onnxscript", "onnx", "onnxruntime"):
     toolchain.module(_mod, "pip install -e '.[torch]'")
 
 import onnx  # noqa: E402
-import onnxruntime as ort  # noqa: E402
+import quant_reference as qr  # noqa: E402
 
 import cuvil.onnx  # noqa: E402
 from cuvil import bench_quant, registry  # noqa: E402
@@ -50,7 +58,7 @@ CI_SET = FAST | {("resnet50", "qdq-u8s8-pc"), ("mobilenetv2", "qdq-s8s8-pc"), ("
 FULL = os.environ.get("CUVIL_QUANT") == "full"
 
 # (model, scheme, test) -> (exception cuvil raises today, what it says); "*" stands for every model.
-# test: "match" (outputs beside onnxruntime) or "int" (no float contraction left).  strict: a fix is an XPASS.
+# test: "match" (outputs beside the semantics) or "int" (no float contraction left).  strict: a fix is an XPASS.
 # Empty since QLinearSoftmax landed (171d3a1): every case of the set passes.
 XFAIL: dict[tuple[str, str, str], tuple[type[BaseException], str]] = {}
 
@@ -92,13 +100,24 @@ def compiled():
     return get
 
 
+def _within(model: str, scheme: str) -> float:
+    """The bound in output steps (see the module's docstring): 1, GPT-2's static QDQ files 2."""
+    sch = quantize.SCHEMES[scheme]
+    return 2.0 if model == "gpt2" and sch.method == "static" and sch.fmt == "qdq" else 1.0
+
+
 @pytest.mark.parametrize("model, scheme", _cases("match"))
-def test_quantized_model_matches_onnxruntime(compiled, model: str, scheme: str) -> None:
+def test_quantized_model_matches_semantics(compiled, model: str, scheme: str) -> None:
+    """cuvil against the file's semantics; then onnxruntime's fused kernels against them, second."""
     path, feeds, sess, got = compiled(model, scheme)
-    ref_sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    ref_sess = qr.semantics_session(qr.registry_semantics(model, "ci", scheme))
     names = [o.name for o in ref_sess.get_outputs()]
-    problems = quantize.compare_quantized(got, ref_sess.run(None, feeds), names, quantize.output_steps(path, feeds))
-    assert not problems, f"{model} ({scheme}): " + "; ".join(problems)
+    ref = ref_sess.run(None, feeds)
+    steps, within = quantize.output_steps(path, feeds), _within(model, scheme)
+    problems = quantize.compare_quantized(got, ref, names, steps, within)
+    assert not problems, f"{model} ({scheme}), cuvil against the semantics: " + "; ".join(problems)
+    fused = qr.run_fused(path, feeds)
+    qr.fused_differs(f"{model} ({scheme})", quantize.compare_quantized(fused, ref, names, steps, within))
 
 
 # -- which contractions run in integers -----------------------------------------------------------------------
@@ -187,12 +206,17 @@ def test_compare_quantized_finds_a_step_too_many_and_a_flipped_argmax() -> None:
 @pytest.mark.slow
 def test_bench_quant_prints_a_row(capsys) -> None:
     """``cuvil bench --registry resnet18 --quant qdq-u8s8 --config ci --threads 1 --no-cold``'s table: the three
-    engines timed, no float contraction left, cuvil matching onnxruntime."""
+    engines timed, no float contraction left, and the check column.  That column compares cuvil with
+    onnxruntime's default session (its fused kernels), so it reads ``ok`` where those are exact (an x86 CPU
+    with VNNI); elsewhere it may read MISMATCH, their known saturation (cuvil against the semantics is
+    test_quantized_model_matches_semantics's)."""
     code = bench_quant.run(["resnet18"], ["qdq-u8s8"], "ci", [1], rounds=2, budget_s=0.05, cold=False)
     out = capsys.readouterr().out
     (line,) = [x for x in out.splitlines() if x.startswith("resnet18")]
     cols = line.split()
-    assert code == 0 and cols[:3] == ["resnet18", "qdq-u8s8", "-"] and cols[3] == "0" and cols[-1] == "ok", out
+    assert cols[:3] == ["resnet18", "qdq-u8s8", "-"] and cols[3] == "0", out
+    # a mismatch makes the exit code 1 (bench_registry.finish)
+    assert (code, cols[-1]) == (0, "ok") or not qr.FUSED_EXACT and code == 1 and "MISMATCH" in line, out
     int8, wall, ort_ms, ratio, fp32, speedup = map(float, cols[4:10])
     assert 0 < int8 and 0 < ort_ms and 0 < fp32
     # the columns are rounded to 0.01 (ms and ratios): a quotient of rounded values is off by its relative rounding

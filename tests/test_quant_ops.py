@@ -1,22 +1,38 @@
-"""Quantized operators against onnxruntime on small hand-built models (cuvil/graph/ops/quant*.py), and
-QDQ matching (cuvil/graph/qdq.py) on models quantized by onnxruntime's own tool.
+"""Quantized operators on small hand-built models (cuvil/graph/ops/quant*.py), and QDQ matching
+(cuvil/graph/qdq.py) on models quantized by onnxruntime's own tool, against the semantics of the
+quantized operators (tests/quant_reference.py), never against a vendor's fused kernels:
 
-Integer results must be equal (cuvil computes what onnxruntime's kernels compute: exact int32 sums,
-float32 requantization, half-to-even rounding); the float chain of an unmatched QDQ model may differ from
-onnxruntime's fused integer kernels by one quantization step, no more.  ONNX's node cases of these
-operators run in tests/test_onnx_node.py."""
+- QuantizeLinear / DequantizeLinear and every QDQ model: onnxruntime with its graph optimizations off,
+  so the float operators between DQ and Q run as written (no QDQ group fused into an integer kernel);
+- QLinearConv, QLinearMatMul, MatMulInteger, ConvInteger: numpy in exact integers with ONNX's
+  requantization (the float32 multiplier ``x_scale * w_scale / y_scale``, half-to-even rounding, the zero
+  point, saturation), which cuvil computes the same way: its integer results must be equal, bit for bit;
+- com.microsoft's QLinear operators, MatMulInteger / ConvInteger inside a model and onnxruntime's
+  QOperator files: the same graph with each such operator written as DQ -> float operator -> Q (or as exact
+  integer operators), run as above (``quant_reference.semantics_model``).
+
+Where the reference is a float chain (a QDQ model's float Conv, a com.microsoft operator's formula in
+float), a value that lands near a rounding tie may round the other way than in cuvil's exact integers:
+one quantization step, no more.
+
+onnxruntime's own result (its default session: fused integer kernels) is checked as well where a test says
+so, second and labelled (``quant_reference.check_fused``): on an x86 CPU with VNNI it is held to cuvil's
+bound; on one without VNNI its u8 x s8 kernels (``vpmaddubsw``: saturating 16-bit pair sums) lie 3-11 steps
+off, which is reported as a warning, not failed.  ONNX's node cases of these operators run in
+tests/test_onnx_node.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import quant_reference as qr
 import reference
 import toolchain
 from hypothesis import given
 from hypothesis import strategies as st
 
 onnx = toolchain.module("onnx")
-ort = toolchain.module("onnxruntime")
+toolchain.module("onnxruntime")
 from onnx import TensorProto as T  # noqa: E402
 from onnx import helper as h  # noqa: E402
 from onnx import numpy_helper as nh  # noqa: E402
@@ -38,8 +54,10 @@ def _model(nodes: list, feeds: dict[str, np.ndarray], outs: list[tuple[str, str]
     return h.make_model(g, opset_imports=ops, ir_version=10).SerializeToString()
 
 
-def _both(model: bytes, feeds: dict[str, np.ndarray]) -> tuple[list, list]:
-    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+def _semantics(model: bytes, feeds: dict[str, np.ndarray]) -> tuple[list, list]:
+    """cuvil's outputs and the semantics': onnxruntime with its graph optimizations off, after
+    ``quant_reference.semantics_model`` wrote any integer operator in its plain form."""
+    ref = qr.run_semantics(qr.semantics_model(onnx.load_from_string(model)), feeds)
     got = cuvil.onnx.InferenceSession(model).run(None, feeds)
     return got, ref
 
@@ -74,7 +92,7 @@ def test_quantize_dequantize(shape, qt, per_axis, seed, data):
         scale, zp = scale.reshape(()), zp.reshape(())
     nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], axis=axis),
              h.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=axis)]
-    got, ref = _both(_model(nodes, {"x": x}, [("q", qt), ("y", "float32")], {"s": scale, "z": zp}), {"x": x})
+    got, ref = _semantics(_model(nodes, {"x": x}, [("q", qt), ("y", "float32")], {"s": scale, "z": zp}), {"x": x})
     _equal(got, ref)
 
 
@@ -88,7 +106,7 @@ def test_quantize_divides_not_multiplies():
     assert (x * (np.float32(1) / s) != k).any()  # a reciprocal would miss some of them
     nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])]
     model = _model(nodes, {"x": x}, [("q", "int8")], {"s": s, "z": np.int8(0)})
-    got, ref = _both(model, {"x": x})
+    got, ref = _semantics(model, {"x": x})
     _equal(got, ref)
     np.testing.assert_array_equal(got[0], np.rint(k).astype(np.int8))
 
@@ -100,27 +118,34 @@ def test_blocked_and_16_bit():
     z = r.integers(-5, 5, (2, 6)).astype(np.int16)
     nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], axis=0, block_size=2),
              h.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=0, block_size=2)]
-    got, ref = _both(_model(nodes, {"x": x}, [("q", "int16"), ("y", "float32")], {"s": s, "z": z}), {"x": x})
+    got, ref = _semantics(_model(nodes, {"x": x}, [("q", "int16"), ("y", "float32")], {"s": s, "z": z}), {"x": x})
     _equal(got, ref)
 
 
 def test_dynamic_quantize_matmul_integer():
     """quantize_dynamic's MatMul: DynamicQuantizeLinear, MatMulInteger with the run-time zero point,
-    non-zero weight zero points per column."""
+    non-zero weight zero points per column.  The semantics: DynamicQuantizeLinear by onnxruntime with its
+    optimizations off, MatMulInteger in exact integers (numpy, and the int32 MatMul of
+    ``quant_reference.semantics_model``, checked against each other); then onnxruntime's fused kernels, second."""
     r = np.random.default_rng(4)
     x = r.standard_normal((5, 7)).astype(np.float32) * 3
     wu = r.integers(0, 256, (7, 4)).astype(np.uint8)
     zwu = r.integers(125, 131, 4).astype(np.uint8)
     nodes = [h.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
              h.make_node("MatMulInteger", ["xq", "wu", "xz", "zwu"], ["acc"])]
-    model = _model(nodes, {"x": x}, [("acc", "int32"), ("xs", "float32"), ("xz", "uint8")], {"wu": wu, "zwu": zwu})
-    got, ref = _both(model, {"x": x})
+    outs = [("acc", "int32"), ("xs", "float32"), ("xz", "uint8"), ("xq", "uint8")]
+    model = _model(nodes, {"x": x}, outs, {"wu": wu, "zwu": zwu})
+    got, ref = _semantics(model, {"x": x})
+    np.testing.assert_array_equal(ref[0], qr.matmul_integer(ref[3], wu, ref[2], zwu))
     _equal(got, ref)
+    qr.check_fused("DynamicQuantizeLinear + MatMulInteger", qr.run_fused(model, {"x": x}), ref)
 
 
 def test_dynamic_integer_to_float():
     """quantize_dynamic's MatMulInteger / ConvInteger -> Cast -> Mul(x_scale * w_scale) become one kernel
-    each (the int32 sums scaled in its epilogue, the bias Add fused after it), equal to onnxruntime."""
+    each (the int32 sums scaled in its epilogue, the bias Add fused after it), against the semantics (the
+    integer operators as exact integer ones, ``quant_reference.semantics_model``: the ConvInteger's sums,
+    at most 18 * 255 * 255 here, are exact in its float Conv); then onnxruntime's fused kernels, second."""
     r = np.random.default_rng(6)
     x = r.standard_normal((4, 6)).astype(np.float32)
     img = r.standard_normal((1, 2, 5, 5)).astype(np.float32)
@@ -144,12 +169,15 @@ def test_dynamic_integer_to_float():
     ops = {n.op_type for n in s._graph.nodes}
     assert {"CuvilMatMulIntegerToFloat", "CuvilConvIntegerToFloat"} <= ops and "Cast" not in ops, ops
     assert integer_contractions(s)["float"] == []
-    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    ref = qr.run_semantics(qr.semantics_model(onnx.load_from_string(model)), feeds)
     got = s.run(None, feeds)
     # the int32 sums and the scale are equal; cuvil's vector code may fuse the scale multiply with the bias
     # add (one rounding instead of two): a few float32 ulp
     for g, want in zip(got, ref):
         np.testing.assert_allclose(g, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+    # the same few ulp, measured against the largest value of each output
+    qr.check_fused("MatMulInteger / ConvInteger to float", qr.run_fused(model, feeds), ref, within=2e-6,
+                   steps=[float(np.abs(v).max()) for v in ref])
 
 
 @reference.budget(0.25)
@@ -157,7 +185,8 @@ def test_dynamic_integer_to_float():
        a_batched=st.booleans(), seed=st.integers(0, 2**16))
 def test_qlinear_matmul(m, k, n, qa, qb, batch, a_batched, seed):
     """QLinearMatMul (constant or fed weights, batched, A broadcast over B's batches or not) and
-    MatMulInteger with both zero points (onnxruntime takes int8 A only with int8 B)."""
+    MatMulInteger with both zero points (onnxruntime takes int8 A only with int8 B), equal to the exact
+    integer product requantized in numpy; then onnxruntime's fused kernels, second."""
     qb = "int8" if qa == "int8" else qb
     r = np.random.default_rng(seed)
     lo = {"uint8": 0, "int8": -128}
@@ -173,8 +202,10 @@ def test_qlinear_matmul(m, k, n, qa, qb, batch, a_batched, seed):
         inits["b"] = b
     nodes = [h.make_node("QLinearMatMul", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"]),
              h.make_node("MatMulInteger", ["a", "b", "za", "zb"], ["acc"])]
-    got, ref = _both(_model(nodes, feeds, [("y", qa), ("acc", "int32")], inits), feeds)
-    _equal(got, ref)
+    model = _model(nodes, feeds, [("y", qa), ("acc", "int32")], inits)
+    ref = [qr.qlinear_matmul(a, sa, za, b, sb, zb, sy, zy), qr.matmul_integer(a, b, za, zb)]
+    _equal(cuvil.onnx.InferenceSession(model).run(None, feeds), ref)
+    qr.check_fused("QLinearMatMul / MatMulInteger", qr.run_fused(model, feeds), ref)
 
 
 @reference.budget(0.25)
@@ -182,7 +213,9 @@ def test_qlinear_matmul(m, k, n, qa, qb, batch, a_batched, seed):
        stride=st.integers(1, 2), pad=st.integers(0, 1), qx=QT, per_channel=st.booleans(), seed=st.integers(0, 2**16))
 def test_qlinear_conv(c, m, size, kern, stride, pad, qx, per_channel, seed):
     """QLinearConv (s8 weights, per-tensor or per-channel scales, int32 bias, padding with zx) and
-    ConvInteger (u8 weights with a zero point per channel)."""
+    ConvInteger (u8 weights with a zero point per channel), equal to the exact integer convolution
+    requantized in numpy; then onnxruntime's fused kernels, second (on a CPU without VNNI they are off
+    here by a step or more: cuvil 79 where onnxruntime gives 80 on a Zen 3)."""
     r = np.random.default_rng(seed)
     lo = {"uint8": 0, "int8": -128}[qx]
     x = r.integers(lo, lo + 256, (2, c, size, size)).astype(qx)
@@ -201,14 +234,24 @@ def test_qlinear_conv(c, m, size, kern, stride, pad, qx, per_channel, seed):
         [h.make_node("QLinearConv", ["x", "sx", "zx", "w", "sw", "zx_w", "sy", "zy", "B"], ["y"], **attrs)]
     inits["zx_w"] = np.zeros(sw.shape, np.int8)
     outs = [("y", qx)] + ([("acc", "int32")] if qx == "uint8" else [])
-    got, ref = _both(_model(nodes, {"x": x}, outs, inits), {"x": x})
-    _equal(got, ref)
+    model = _model(nodes, {"x": x}, outs, inits)
+    ref = [qr.qlinear_conv(x, inits["sx"], zx, w, sw, inits["zx_w"], inits["sy"], inits["zy"], bias, **attrs)]
+    if qx == "uint8":
+        ref.append(qr.conv_integer(x, wu, zx, zwu, **attrs))
+    _equal(cuvil.onnx.InferenceSession(model).run(None, {"x": x}), ref)
+    qr.check_fused("QLinearConv / ConvInteger", qr.run_fused(model, {"x": x}), ref)
 
 
 @pytest.mark.parametrize("qt", ["uint8", "int8"])
 def test_com_microsoft_ops(qt):
-    """The com.microsoft QLinear operators onnxruntime's quantizer writes, each against onnxruntime:
-    bit-identical, except QLinearSoftmax (onnxruntime's table of exponentials: within one step)."""
+    """The com.microsoft QLinear operators onnxruntime's quantizer writes, each against its semantics: the
+    QDQ form (DQ -> Add / Mul / Sigmoid / LeakyRelu / GlobalAveragePool / Concat / Softmax -> Q) run by
+    onnxruntime with its optimizations off.  cuvil computes some of them another way (QLinearAdd with the
+    scale ratios folded, tables for the unary ones, the exact integer sum of the pool, a table of
+    exponentials for the softmax), so a value within float32's rounding of a tie may round the other way:
+    one step, in fewer than 1% of the elements (measured: 1 element of 120 at one seed of five, none at
+    this one).  Then onnxruntime's own kernels, second: none of them is a u8 x s8 contraction, so they are
+    held to the same bound on every CPU."""
     r = np.random.default_rng(7)
     lo = {"uint8": 0, "int8": -128}[qt]
     a = r.integers(lo, lo + 256, (2, 3, 4, 5)).astype(qt)
@@ -226,10 +269,20 @@ def test_com_microsoft_ops(qt):
              h.make_node("QLinearSoftmax", ["a", "sa", "za", "sd", "zd"], ["sm"], domain=ms, axis=-1, opset=13)]
     names = ["add", "mul", "sig", "lrelu", "gap", "cat", "sm"]
     feeds = {"a": a, "b": b}
-    got, ref = _both(_model(nodes, feeds, [(n, qt) for n in names], inits, ms=True), feeds)
-    _equal(got[:-1], ref[:-1])
-    assert got[-1].shape == ref[-1].shape
-    assert np.abs(got[-1].astype(int) - ref[-1].astype(int)).max() <= 1
+    model = _model(nodes, feeds, [(n, qt) for n in names], inits, ms=True)
+    got, ref = _semantics(model, feeds)
+    _near(got, ref, names)
+    fused = qr.run_fused(model, feeds)
+    qr.check_fused("com.microsoft QLinear operators", fused, ref, within=1, u8s8=False)
+    assert sum(int((f != r).sum()) for f, r in zip(fused, ref)) < 0.01 * sum(r.size for r in ref)
+
+
+def _near(got: list, ref: list, names: list[str]) -> None:
+    """Every output within one step of the semantics, and fewer than 1% of all elements a step away."""
+    for g, r, n in zip(got, ref, names):
+        assert qr.steps_apart(g, r) <= 1, (n, qr.steps_apart(g, r))
+    off = sum(int((g != r).sum()) for g, r in zip(got, ref))
+    assert off < 0.01 * sum(r.size for r in ref), f"{off} elements a step from the semantics"
 
 
 # -- models quantized by onnxruntime's tool -------------------------------------------------------------
@@ -283,24 +336,40 @@ class _Reader:
 @pytest.mark.parametrize("act", ["QUInt8", "QInt8"])
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_quantize_static_models(tmp_path, fmt, act, per_channel):
-    """Every Conv / Gemm / MatMul of the quantized model runs as an integer contraction, and the output
-    is within one step of the last QuantizeLinear's scale of onnxruntime on the same file."""
+    """Every Conv / Gemm / MatMul of the quantized model runs as an integer contraction, and the output is
+    within one step of the last QuantizeLinear's scale of the semantics: a QDQ file run by onnxruntime with
+    its optimizations off; a QOperator file written as that QDQ form (``quant_reference.semantics_model``),
+    itself checked against the QDQ file the quantizer writes from the same float model and calibration
+    (the same scales and zero points).  The semantics' float Conv / Gemm / MatMul may round a value near a
+    tie the other way than cuvil's exact integers: one step.  Then onnxruntime's fused kernels on the same
+    file, second (on a CPU without VNNI they were off by more than a step here: a reported warning)."""
     q = pytest.importorskip("onnxruntime.quantization")
     src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
     src.write_bytes(_float_model())
-    q.quantize_static(str(src), str(dst), _Reader(), quant_format=getattr(q.QuantFormat, fmt),
-                      activation_type=getattr(q.QuantType, act), weight_type=q.QuantType.QInt8,
-                      per_channel=per_channel)
+
+    def quantize(fmt: str, out) -> str:
+        q.quantize_static(str(src), str(out), _Reader(), quant_format=getattr(q.QuantFormat, fmt),
+                          activation_type=getattr(q.QuantType, act), weight_type=q.QuantType.QInt8,
+                          per_channel=per_channel)
+        return str(out)
+
+    quantize(fmt, dst)
     x = np.random.default_rng(9).standard_normal((2, 3, 8, 8)).astype(np.float32)
-    ref = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     s = cuvil.onnx.InferenceSession(str(dst))
     got = s.run(None, {"x": x})[0]
     counts = integer_contractions(s)
     assert counts["float"] == [] and len(counts["integer"]) == 4, counts
     model = onnx.load(str(dst))
-    last_q = [n for n in model.graph.node if n.op_type == "QuantizeLinear"][-1]
+    last_q = next(n for n in model.graph.node if n.output[0] == "y")  # the DequantizeLinear of the output
     step = float(nh.to_array([t for t in model.graph.initializer if t.name == last_q.input[1]][0]))
-    assert np.abs(got - ref).max() <= step * 1.0001, (np.abs(got - ref).max(), step)
+    ref = qr.run_semantics(str(dst) if fmt == "QDQ" else qr.semantics_model(model), {"x": x})[0]
+    if fmt == "QOperator":
+        qdq = quantize("QDQ", tmp_path / "qdq.onnx")
+        qr.same_quantization(str(dst), qdq)
+        assert qr.steps_apart(ref, qr.run_semantics(qdq, {"x": x})[0], step) <= 1
+    assert qr.steps_apart(got, ref, step) <= 1.0001, (qr.steps_apart(got, ref, step), step)
+    fused = qr.run_fused(str(dst), {"x": x})
+    qr.check_fused(f"{fmt} {act} per_channel={per_channel}", fused, [ref], within=1.0001, steps=step)
 
 
 def test_qdq_relu_kept_and_float_output():
@@ -326,10 +395,9 @@ def test_qdq_relu_kept_and_float_output():
     assert counts["float"] == [] and len(counts["integer"]) == 2, counts
     assert "Max" in {n.op_type for n in s._graph.nodes}
     got = s.run(None, {"x": x})
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the float QDQ semantics
-    ref = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    assert np.abs(got[0].astype(int) - ref[0].astype(int)).max() <= 1
+    ref = qr.run_semantics(model, {"x": x})  # the float QDQ semantics
+    # the semantics' float MatMul may round a value near a tie the other way than cuvil's exact integers
+    assert qr.steps_apart(got[0], ref[0]) <= 1
     # the float product of dequantized values rounds each term; the integer one is exact until the last multiply
     np.testing.assert_allclose(got[1], ref[1], rtol=1e-5, atol=1e-5 * np.abs(ref[1]).max())
 
@@ -340,7 +408,8 @@ def test_qdq_relu_kept_and_float_output():
                                                       ([3, 3], [2, 2], [0, 0, 0, 0], [1, 1], 1)])
 def test_qdq_maxpool_on_8_bit_values(qt, kern, stride, pads, dil, ceil):
     """DQ -> MaxPool -> Q of one scale runs as CuvilMaxPool8 on the 8-bit values (padded with the type's
-    least value), equal to onnxruntime's, windows over the padding and ceil_mode's partial ones included."""
+    least value), equal to the semantics (the float MaxPool between DQ and Q, which rounds nothing), windows
+    over the padding and ceil_mode's partial ones included."""
     r = np.random.default_rng(5)
     lo, hi = np.iinfo(qt).min, np.iinfo(qt).max
     x = r.integers(lo, hi + 1, (2, 5, 9, 11)).astype(qt)
@@ -351,19 +420,20 @@ def test_qdq_maxpool_on_8_bit_values(qt, kern, stride, pads, dil, ceil):
              h.make_node("QuantizeLinear", ["m", "s", "z"], ["y"])]
     model = _model(nodes, {"x": x}, [("y", qt)], inits)
     assert [n.op_type for n in cuvil.onnx.InferenceSession(model)._graph.nodes] == ["CuvilMaxPool8"]
-    got, ref = _both(model, {"x": x})
+    got, ref = _semantics(model, {"x": x})
     _equal(got, ref)
 
 
 def test_unmatched_qdq_stays_correct():
-    """A DQ -> Softmax -> Q chain (no QLinear form) stays element-wise and agrees with onnxruntime to one step."""
+    """A DQ -> Softmax -> Q chain (no QLinear form) stays element-wise and agrees with the semantics to one
+    step (cuvil's float exp and sum round differently from onnxruntime's: a value near a tie may flip)."""
     r = np.random.default_rng(2)
     x = r.integers(0, 256, (3, 10)).astype(np.uint8)
     nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["d"]),
              h.make_node("Softmax", ["d"], ["sm"]),
              h.make_node("QuantizeLinear", ["sm", "so", "zo"], ["y"])]
     inits = {"s": np.float32(0.05), "z": np.uint8(128), "so": np.float32(1 / 256), "zo": np.uint8(0)}
-    got, ref = _both(_model(nodes, {"x": x}, [("y", "uint8")], inits), {"x": x})
+    got, ref = _semantics(_model(nodes, {"x": x}, [("y", "uint8")], inits), {"x": x})
     assert np.abs(got[0].astype(int) - ref[0].astype(int)).max() <= 1
 
 
