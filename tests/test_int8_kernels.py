@@ -3,14 +3,16 @@
 Every u8/s8 mix, constant and run-time weights, shapes off the packing's multiples of 4 and of the
 panels, values at the 8-bit limits, sums past int32 (they wrap, as numpy's: ``vpdpbusd``, not the
 saturating ``vpdpbusds``), and convolutions with strides, dilations, padding (with a pad value), groups.
-On this host the VNNI path runs when the CPU has ``avx512vnni``; the plain path is checked on a target
-without it; the emitted code is checked for ``vpdpbusd`` on VNNI targets and for its absence elsewhere.
+On this host the VNNI path runs when the CPU has ``avx512vnni``; a target without it is checked too (an
+x86 takes the 16-bit pairs, tests/test_int8_pairs.py; grouped convolutions the plain int32 contraction);
+the emitted code is checked for ``vpdpbusd`` on VNNI targets and for its absence elsewhere.
 """
 
 from __future__ import annotations
 
 import re
 
+import isa
 import numpy as np
 import pytest
 from hypothesis import given
@@ -29,8 +31,9 @@ HOST = cuvil.Target("llvm")
 HAS_VNNI = "avx512vnni" in HOST.enabled_features
 AVX512 = "+avx512f,+avx512bw,+avx512vl,+avx512dq"
 NO_VNNI = f"llvm -mcpu=skylake-avx512 -mattr={AVX512}"  # AVX-512 without VNNI: runs on any AVX-512 host
-needs_vnni = pytest.mark.skipif(not HAS_VNNI, reason="this CPU lacks avx512vnni")
-needs_avx512 = pytest.mark.skipif("avx512f" not in HOST.enabled_features, reason="this CPU lacks avx512f")
+# (it takes the 16-bit pairs, vpmaddwd: tests/test_int8_pairs.py)
+needs_vnni = isa.needs("avx512vnni")
+needs_avx512 = isa.needs("avx512f")
 INT8 = (np.uint8, np.int8)
 
 
@@ -123,7 +126,7 @@ def test_int32_sums_wrap_not_saturate():
     np.testing.assert_array_equal(_run(lambda ctx, x: int_matmul(ctx, x, w), [a]), ref)
 
 
-def test_plain_path_without_vnni_is_exact_and_has_no_vpdpbusd():
+def test_a_target_without_vnni_is_exact_and_has_no_vpdpbusd():
     rng = np.random.default_rng(2)
     a = rng.integers(-128, 128, (13, 37)).astype(np.int8)
     w = rng.integers(0, 256, (37, 40)).astype(np.uint8)
@@ -165,7 +168,7 @@ def test_dot4_vector_code_without_and_with_vnni(target):
     """``dot4`` in a vectorised loop: the byte arithmetic on a target without VNNI, ``vpdpbusd`` with it;
     both exact (unsigned bytes of the first operand, signed of the second)."""
     if target == "llvm" and not HAS_VNNI:
-        pytest.skip("this CPU lacks avx512vnni")
+        pytest.skip(isa.lacks("avx512vnni"))
     n = 45  # two 16-lane vectors and a tail
     U = te.placeholder((n,), dtype="int32", name="U")
     S = te.placeholder((n,), dtype="int32", name="S")

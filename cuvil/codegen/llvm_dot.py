@@ -1,5 +1,6 @@
-"""Packed dot products in LLVM IR: :func:`cuvil.ir.expr.dot4` (four byte products per int32, summed)
-and :func:`cuvil.ir.expr.dot2_bf16` (two bfloat16 products per int32, summed in float32).
+"""Packed dot products in LLVM IR: :func:`cuvil.ir.expr.dot4` (four byte products per int32, summed),
+:func:`cuvil.ir.expr.dot2_i16` (two 16-bit products per int32, summed in 32 bits) and
+:func:`cuvil.ir.expr.dot2_bf16` (two bfloat16 products per int32, summed in float32).
 
 An integer contraction (:mod:`cuvil.graph.ops.qkernels`) packs four reduction steps per int32 and sums
 ``dot4`` over them, because LLVM does not form the CPUs' dot-product instructions from a byte-wise
@@ -13,6 +14,11 @@ target's features have one (never decided by the CPU's name):
   ``llvm.aarch64.neon.*dot.v4i32.v16i8``.
 
 Elsewhere (and for scalars) it is the byte arithmetic: :func:`dot4_bytes`.
+
+An x86 CPU without VNNI has no exact 8-bit dot product (``vpmaddubsw`` clamps its 16-bit pair sums), so
+the integer contraction widens its bytes to 16 bits when it packs them, two reduction steps per int32,
+and sums ``dot2_i16``: ``acc + dot2_i16(u, s)`` is ``vpmaddwd`` (``llvm.x86.avx2.pmadd.wd``,
+``llvm.x86.sse2.pmadd.wd``, ``llvm.x86.avx512.pmaddw.d.512``) and an add, which never saturate.
 
 ``acc + dot2_bf16(u, s)`` (float32 lanes) becomes x86's ``vdpbf16ps`` (``avx512bf16``; at 256 and 128
 bits with ``avx512vl``): ``llvm.x86.avx512bf16.dpbf16ps.{512,256,128}``, whose operands are vectors of
@@ -28,7 +34,7 @@ from typing import Any
 from llvmlite import ir
 
 from cuvil.codegen.llvm_expr import I32
-from cuvil.ir.expr import DOT2_BF16, DOT4_KINDS
+from cuvil.ir.expr import DOT2_BF16, DOT2_I16, DOT4_KINDS
 
 
 def dot4_kinds(target: Any) -> dict[str, tuple[str, bool]]:
@@ -119,6 +125,64 @@ def dot4_vector(b: ir.IRBuilder, target: Any, name: str, u: ir.Value, s: ir.Valu
         sel = ir.Constant(ir.VectorType(I32, 2 * w), list(range(2 * w)))
         parts = [b.shuffle_vector(parts[k], parts[k + 1], sel) for k in range(0, len(parts), 2)]
     return parts[0]
+
+
+# -- 16-bit pairs ------------------------------------------------------------------------------
+
+
+def i16_dot_width(target: Any, lanes: int) -> int | None:
+    """The int32 lanes of the ``vpmaddwd`` that computes ``lanes`` lanes of ``dot2_i16`` on ``target``
+    (16 with AVX512-BW, 8 with AVX2, 4 with SSE2), None on other architectures or for a lane count no
+    register width divides into a power of two of registers."""
+    feats = set(getattr(target, "enabled_features", ()))
+    if not str(getattr(target, "triple", "")).startswith("x86_64"):
+        return None
+    widths = ([16] if "avx512bw" in feats else []) + ([8] if "avx2" in feats else []) + [4]
+    for w in widths:
+        if lanes % w == 0 and not (lanes // w) & (lanes // w - 1):
+            return w
+    return None
+
+
+_PMADDWD = {16: "llvm.x86.avx512.pmaddw.d.512", 8: "llvm.x86.avx2.pmadd.wd", 4: "llvm.x86.sse2.pmadd.wd"}
+
+
+def dot2_i16_arith(b: ir.IRBuilder, u: ir.Value, s: ir.Value) -> ir.Value:
+    """:func:`cuvil.ir.expr.dot2_i16` of int32 scalars or vectors in 32-bit arithmetic: each half
+    sign-extended by shifts, the two products added."""
+    sixteen = _splat(u, 16)
+
+    def halves(v: ir.Value) -> tuple[ir.Value, ir.Value]:
+        return b.ashr(b.shl(v, sixteen), sixteen), b.ashr(v, sixteen)
+
+    (u0, u1), (s0, s1) = halves(u), halves(s)
+    return b.add(b.mul(u0, s0), b.mul(u1, s1))
+
+
+def dot2_i16_vector(b: ir.IRBuilder, target: Any, u: ir.Value, s: ir.Value, acc: ir.Value | None) -> ir.Value:
+    """``acc + dot2_i16(u, s)`` over vectors of int32 lanes: one ``vpmaddwd`` and one add per register of
+    lanes on x86 (the lanes split and joined by shuffles), 32-bit arithmetic elsewhere."""
+    n = u.type.count
+    width = i16_dot_width(target, n)
+    if width is None:
+        d = dot2_i16_arith(b, u, s)
+        return d if acc is None else b.add(acc, d)
+    vt = ir.VectorType(I32, width)
+    ht = ir.VectorType(ir.IntType(16), 2 * width)
+    fname = _PMADDWD[width]
+    fn = b.module.globals.get(fname) or ir.Function(b.module, ir.FunctionType(vt, [ht, ht]), fname)
+
+    def part(v: ir.Value, lo: int) -> ir.Value:
+        if width == n:
+            return v
+        return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width), list(range(lo, lo + width))))
+
+    parts = [b.call(fn, [b.bitcast(part(u, lo), ht), b.bitcast(part(s, lo), ht)]) for lo in range(0, n, width)]
+    while len(parts) > 1:  # concatenate pairwise (n / width is a power of two)
+        w = parts[0].type.count
+        sel = ir.Constant(ir.VectorType(I32, 2 * w), list(range(2 * w)))
+        parts = [b.shuffle_vector(parts[k], parts[k + 1], sel) for k in range(0, len(parts), 2)]
+    return parts[0] if acc is None else b.add(acc, parts[0])
 
 
 # -- bfloat16 pairs ---------------------------------------------------------------------------
@@ -227,4 +291,6 @@ def dot_vector(b: ir.IRBuilder, target: Any, name: str, u: ir.Value, s: ir.Value
     ``dot2_bf16``)."""
     if name == DOT2_BF16:
         return dot2_bf16_vector(b, target, u, s, acc)
+    if name == DOT2_I16:
+        return dot2_i16_vector(b, target, u, s, acc)
     return dot4_vector(b, target, name, u, s, acc)

@@ -25,6 +25,7 @@ from cuvil.errors import CuvilError
 from cuvil.ir.expr import (
     BF16_PAIR,
     DOT2_BF16,
+    DOT2_I16,
     DOT4_KINDS,
     INDEX_CHECK,
     Binary,
@@ -414,6 +415,10 @@ class ExprEmitter:
             from cuvil.codegen.llvm_dot import dot4_bytes
 
             return dot4_bytes(self.builder, self.expr(e.args[0]), self.expr(e.args[1]), *DOT4_KINDS[e.name])
+        if e.name == DOT2_I16:
+            from cuvil.codegen.llvm_dot import dot2_i16_arith
+
+            return dot2_i16_arith(self.builder, self.expr(e.args[0]), self.expr(e.args[1]))
         if e.name in (DOT2_BF16, BF16_PAIR):
             from cuvil.codegen.llvm_dot import bf16_pair_arith, dot2_bf16_arith
 

@@ -464,6 +464,24 @@ def dot4(u: Expr, s: Expr, signs: str = "us") -> Call:
     return Call("int32", name, (u, s))
 
 
+DOT2_I16 = "dot2_i16"
+
+
+def dot2_i16(u: Expr, s: Expr) -> Call:
+    """The int32 sum of the two products ``u.half[t] * s.half[t]`` (t = 0, 1; half 0 the low 16 bits) of
+    two int32 values that each hold two signed 16-bit integers.  Exact for 8-bit operands widened to 16
+    bits (at most 2 * 255 * 128 in magnitude: an integer contraction on a CPU without an 8-bit dot
+    product packs two reduction steps per int32 and sums ``dot2_i16`` over them).
+
+    The LLVM code generator emits one lane of x86's ``vpmaddwd`` (SSE2 / AVX2 / AVX512-BW) for it in a
+    vector loop, which multiplies 16-bit pairs and adds them in 32 bits, never saturating (unlike the
+    8-bit ``vpmaddubsw``, whose 16-bit pair sums clamp); elsewhere it is the 32-bit arithmetic."""
+    u, s = as_expr(u), as_expr(s)
+    if u.dtype != "int32" or s.dtype != "int32":
+        raise DTypeError(f"dot2_i16 takes two int32 values of two packed int16, got {u.dtype} and {s.dtype}")
+    return Call("int32", DOT2_I16, (u, s))
+
+
 # ---------------------------------------------------------------------------
 # packed bf16 dot products
 # ---------------------------------------------------------------------------
@@ -471,7 +489,7 @@ def dot4(u: Expr, s: Expr, signs: str = "us") -> Call:
 DOT2_BF16 = "dot2_bf16"
 BF16_PAIR = "bf16_pair"
 # every packed dot-product call a contraction may sum (:mod:`cuvil.schedule.contraction`)
-DOT_CALLS = frozenset(DOT4_KINDS) | {DOT2_BF16}
+DOT_CALLS = frozenset(DOT4_KINDS) | {DOT2_BF16, DOT2_I16}
 
 
 def dot2_bf16(u: Expr, s: Expr) -> Call:

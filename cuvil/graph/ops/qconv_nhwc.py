@@ -10,7 +10,8 @@ pixel are one int32 word of ``X4[n, y, x, C / 4]``, a unit-stride copy of the NH
 input's zero point for windows that reach past the image; a strided 1x1 convolution packs only the pixels
 it reads).  The filters are the compile-time panels ``[M / P, C / 4, kh, kw, P]`` of
 :mod:`cuvil.graph.ops.qkernels`, and the reduction is ``sum(dot4)`` (``vpdpbusd``, ``udot`` / ``sdot`` /
-``usdot``).  Grouped and depthwise convolutions, and targets without a dot-product instruction, take the
+``usdot``); an x86 without VNNI packs two channels per word, widened to 16 bits, and sums ``dot2_i16``
+(``vpmaddwd``).  Grouped and depthwise convolutions, and targets with neither, take the
 plain int32 contraction, also channels-last (a depthwise one sums its taps per channel, the channels in
 lanes).
 """
@@ -26,8 +27,7 @@ from cuvil import te
 from cuvil.errors import ShapeError
 from cuvil.graph.ops.base import NodeCtx, t_shape
 from cuvil.graph.ops.layout import _chained_sum
-from cuvil.graph.ops.qkernels import _check_int8, _conv_words, _filter_sums, _i32, _pack4, _plan, dot_panel
-from cuvil.ir.expr import dot4
+from cuvil.graph.ops.qkernels import PAIRS, _check_int8, _conv_words, _dot, _filter_sums, _i32, _pack, _plan, word_plan
 from cuvil.te.tensor import Tensor
 
 
@@ -58,10 +58,10 @@ def int_conv_nhwc(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int]
     def read(n_: Any, y: Any, x_: Any, ch: Any) -> Any:
         return x[n_, y, x_, ch] if in_nhwc else x[n_, ch, y, x_]
 
-    panel = dot_panel(ctx.target)
-    if panel and g == 1:
-        return _dot(ctx, read, (n, h, wd, c), x.dtype, w, strides, dilations, pads_begin, out, panel, name,
-                    int(pad_value))
+    per, panel = word_plan(ctx.target)
+    if per and g == 1:
+        return _dot_nhwc(ctx, read, (n, h, wd, c), x.dtype, w, strides, dilations, pads_begin, out, panel, name,
+                         int(pad_value), per)
     return _plain(ctx, read, (n, h, wd, c), x.dtype, w, strides, dilations, pads_begin, out, g, name,
                   int(pad_value))
 
@@ -80,40 +80,44 @@ def _padded(read: Any, dims: tuple[int, int, int, int], begin: Sequence[int], sp
     return at
 
 
-def _dot(ctx: NodeCtx, read: Any, dims: tuple[int, int, int, int], dtype: str, w: np.ndarray,
-         strides: Sequence[int], dil: Sequence[int], begin: Sequence[int], out: list[int], panel: int, name: str,
-         pad_value: int) -> Tensor:
-    """One group as ``sum(dot4)`` over ``X4[n, y, x, C / 4]`` and the filter panels (see the module's
-    docstring)."""
+def _dot_nhwc(ctx: NodeCtx, read: Any, dims: tuple[int, int, int, int], dtype: str, w: np.ndarray,
+              strides: Sequence[int], dil: Sequence[int], begin: Sequence[int], out: list[int], panel: int,
+              name: str, pad_value: int, per: int = 4) -> Tensor:
+    """One group as ``sum(dot4)`` over ``X4[n, y, x, C / 4]`` and the filter panels, or ``sum(dot2_i16)``
+    over ``X2[n, y, x, C / 2]`` (``per`` 2: an x86 without VNNI; see the module's docstring)."""
     n, h, wd, c = dims
-    c4 = -(-c // 4)
-    signs, w_first, flip, sign = _plan(dtype, w.dtype.name, ctx.target)
+    c4 = -(-c // per)
+    plan = _plan(dtype, w.dtype.name, ctx.target) if per == 4 else PAIRS
+    flip, sign = plan[2:]
     o, kh, kw = w.shape[0], w.shape[2], w.shape[3]
 
     def chan(s4: Any, t: int) -> Any:
-        return s4 * 4 + t if c % 4 == 0 else te.min(s4 * 4 + t, c - 1)
+        return s4 * per + t if c % per == 0 else te.min(s4 * per + t, c - 1)
 
-    if kh == kw == 1 and not any(begin):
-        # a 1x1 window: pack the pixels it reads (a strided one reads one in stride**2), then stride 1
-        X4 = te.compute((n, out[0], out[1], c4), lambda n_, y, x_, s4: _pack4(
-            lambda t: read(n_, y * strides[0], x_ * strides[1], chan(s4, t)), s4, c, flip), name=f"{name}_x4")
+    if kh == kw == 1 and not any(begin) and all((out[d] - 1) * strides[d] < (h, wd)[d] for d in range(2)):
+        # a 1x1 window inside the image: pack the pixels it reads (a strided one reads one in stride**2),
+        # then stride 1 (padding at the end, which only a 1x1 window reaching past the image reads, takes
+        # the padded copy below)
+        X4 = te.compute((n, out[0], out[1], c4), lambda n_, y, x_, s4: _pack(
+            per, lambda t: read(n_, y * strides[0], x_ * strides[1], chan(s4, t)), s4, c, flip),
+            name=f"{name}_x{per}")
         step = (1, 1)
     else:
         span = [(out[d] - 1) * strides[d] + dil[d] * ((kh, kw)[d] - 1) + 1 for d in range(2)]
         at = _padded(read, dims, begin, span, te.const(pad_value, dtype))
-        X4 = te.compute((n, span[0], span[1], c4), lambda n_, y, x_, s4: _pack4(
-            lambda t: at(n_, y, x_, chan(s4, t)), s4, c, flip), name=f"{name}_x4")
+        X4 = te.compute((n, span[0], span[1], c4), lambda n_, y, x_, s4: _pack(
+            per, lambda t: at(n_, y, x_, chan(s4, t)), s4, c, flip), name=f"{name}_x{per}")
         step = (strides[0], strides[1])
     flat = np.ascontiguousarray(np.moveaxis(w, 0, -1)).reshape(c, -1, o)  # [C, taps, O]
-    words = _conv_words(flat, panel)
+    words = _conv_words(flat, panel, per)
     W4 = ctx.constant(words.reshape((words.shape[0], c4, kh, kw, panel)), keyed=False)
-    r4 = te.reduce_axis((0, c4), name="rc4")
+    r4 = te.reduce_axis((0, c4), name=f"rc{per}")
     ry, rx = te.reduce_axis((0, kh), name="ry"), te.reduce_axis((0, kw), name="rx")
 
     def body(n_: Any, y: Any, x_: Any, m: Any) -> Any:
         wr = W4[m // panel, r4, ry, rx, m % panel]
         xr = X4[n_, y * step[0] + ry * dil[0], x_ * step[1] + rx * dil[1], r4]
-        return te.sum(dot4(wr, xr, signs) if w_first else dot4(xr, wr, signs), axis=[r4, ry, rx])
+        return te.sum(_dot(wr, xr, plan), axis=[r4, ry, rx])
 
     shape = (n, out[0], out[1], o)
     y = te.compute(shape, body, name=name if not sign else f"{name}_dot")
