@@ -113,3 +113,25 @@ def test_cuvil_host_target_refuses_what_this_cpu_cannot_run():
 def test_unknown_target_still_errors():
     with pytest.raises(TargetError):
         Target("llvm -mcpu")
+
+
+def test_constants_fold_on_this_machine_when_compiling_for_another():
+    """A graph compiled for an Arm board folds its constant subgraphs (a Gather of constant ids: BERT's
+    position embeddings) with kernels compiled for this machine, which can run them."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from cuvil.frontend.onnx import import_model
+    from cuvil.graph.compile import compile_graph, prepare
+
+    table = np.arange(40, dtype=np.float32).reshape(10, 4)
+    ids = np.array([[0, 3, 9]], np.int64)
+    g = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["pos"]),
+                           helper.make_node("Add", ["x", "pos"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(table, "table"), numpy_helper.from_array(ids, "ids")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    arm = Target("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1")
+    prog = compile_graph(prepare(import_model(model)), {"x": (1, 3, 4)}, {}, arm)
+    assert prog.target is arm and "fadd" in prog.module.get_source("asm")

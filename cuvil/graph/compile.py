@@ -469,9 +469,14 @@ _FOLDERS: dict[tuple, Any] = {}
 
 def _fold(func: Any, ins: list[np.ndarray], out_shapes: list[tuple[tuple[int, ...], str]], target: Any
           ) -> list[np.ndarray]:
-    """Run a kernel on constant inputs now: its outputs become constants of the compiled graph."""
+    """Run a kernel on constant inputs now: its outputs become constants of the compiled graph.  A graph
+    compiled for another machine (an Arm board) folds with its loops compiled for this one: the values
+    are the same, and the other machine's code cannot run here."""
     from cuvil.runtime.module import Module
+    from cuvil.target import Target
 
+    if not target.is_host:
+        target = Target("llvm")
     key = (id(func), target.canonical)
     if key not in _FOLDERS:
         _FOLDERS[key] = (func, Module(func, target))
