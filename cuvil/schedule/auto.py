@@ -167,6 +167,19 @@ class AutoScheduler(PlainStrategies):
                 self.elementwise(st)
         return s
 
+    def registers(self) -> int:
+        """The vector registers a register tile may fill: the target's (32 with AVX-512 and on AArch64, 16
+        with AVX2 / SSE; an AArch64 tile used to be sized for 16, 8 accumulators, which Neoverse V1's four
+        FMA pipes of latency 4 leave half idle: llvm-mca 49% of the FMA bound, 93-95% with 32)."""
+        return self.target.vector_registers or 16
+
+    def tall_rows(self) -> int:
+        """Rows of a tall tile over panels (two vectors of columns): TALL_TILE_ROWS where the broadcast
+        operand comes from memory (x86: ``vfmadd231ps (mem){1to16}``); NEON loads each row's value into a
+        register of its own (``ld1r``), and 14 rows x 2 + 2 + those spilled accumulators (llvm-mca on
+        neoverse-n1, a 1x1 conv 1024 -> 256: 90.1 -> 85.9% of the FMA bound), 12 do not."""
+        return min(TALL_TILE_ROWS, 12) if self.target.triple.startswith("aarch64") else TALL_TILE_ROWS
+
     def _tile_sizes(self, c: Contraction, dtype: str) -> tuple[int, int]:
         v = self.lanes(dtype)
         ext_j = const_int(c.j.extent)
@@ -174,7 +187,7 @@ class AutoScheduler(PlainStrategies):
         nr = v if ext_j is not None and ext_j % (2 * v) and ext_j % v == 0 else 2 * v
         if c.panel is not None:  # an operand packed in panels: a tile column per panel column
             nr = c.panel
-        regs = 32 if self.bits >= 512 else 16
+        regs = self.registers()
         ext_i = const_int(c.i.extent)
         # MR x NV accumulators + NV operand vectors + a broadcast fit the register file. On AVX-512, long
         # row ranges with at least four vectors of columns of an operand that needs no transposing copy
@@ -193,10 +206,11 @@ class AutoScheduler(PlainStrategies):
         # 14 rows x 2 vectors (28 accumulators, 1.75 multiply-adds per load instead of 1.6; 1x1 1024->256
         # @14x14 at 1 thread 1.20x, 256->64 and 64->256 @56x56 1.06-1.09x); a 3x3 window's three loops
         # keep 8 rows (LLVM unrolls the innermost and holds its three filter pairs: 14 rows spill)
+        tall_rows = self.tall_rows()
         tall = (not big and c.panel is not None and regs >= 32 and nv == 2 and _reduction_loops(c) == 1
-                and ext_i is not None and any(ext_i % m == 0 for m in range(10, TALL_TILE_ROWS + 1)))
+                and ext_i is not None and any(ext_i % m == 0 for m in range(10, tall_rows + 1)))
         # (only without a tail tile: an MLP layer's 64 rows as 13 + ... + 12 measured no faster than 8 x 8)
-        mr = 6 if big else TALL_TILE_ROWS if tall else max(1, min(8, (regs - 4) // 2 - 2))
+        mr = 6 if big else tall_rows if tall else max(1, min(8, (regs - 4) // 2 - 2))
         if ext_i is not None and ext_i < mr:
             mr = max(1, ext_i)
         if ext_i is not None and ext_i % mr:
@@ -474,7 +488,7 @@ def knob_space(args: Sequence[Any], target: Any = "llvm") -> dict[str, dict[str,
             space[st.name] = {"parallel": [True, False], "lanes": [True, False]}
             continue
         v = sch.lanes(op.dtype)
-        regs = 32 if sch.bits >= 512 else 16
+        regs = sch.registers()
         tiles = [(mr, nv * v) for nv in (1, 2, 3, 4) for mr in range(1, 15) if mr * nv + nv + 1 <= regs]
         space[st.name] = {
             "candidate": list(range(len(cands))),
