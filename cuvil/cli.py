@@ -6,6 +6,7 @@
     cuvil bench --ops [--quick] [--only matmul]         # operators beside numpy (cuvil.bench)
     cuvil bench --registry --torch [names] [--config ci]  # torch eager, Inductor, cuvil.torch beside onnxruntime
     cuvil bench --registry [names] --quant qdq-u8s8,dynamic  # int8 files beside onnxruntime and cuvil's fp32
+    cuvil bench ... --target x86-64-v3                   # compile for another CPU this one runs (AVX2 here)
     cuvil tune ...                                       # the autotuner (cuvil.autotune.cli)
     cuvil scheduler | worker | cluster status ...        # tuning boards (cuvil.autotune.cluster, docs/boards.md)
     cuvil demo | info                                    # auto-scheduled matmul and conv beside numpy and ort
@@ -54,6 +55,23 @@ def demo(size: int = 512, rounds: int = 3) -> int:
               + "".join(f"  {p}" for p in c.problems))
     print("results match numpy and onnxruntime" if ok else "MISMATCH (see above)")
     return 0 if ok else 1
+
+
+def narrow_host(cpu: str) -> None:
+    """Compile for ``cpu`` for the rest of this process and its children (``CUVIL_HOST_TARGET``; a CPU
+    this machine cannot run is refused), and restrict PyTorch's kernels the same way (oneDNN and ATen read
+    these before torch is imported) when ``cpu`` has no AVX-512."""
+    import os
+
+    import cuvil
+
+    os.environ["CUVIL_HOST_TARGET"] = cpu
+    t = cuvil.Target("llvm")
+    if t.triple.startswith("x86_64") and "avx512f" not in t.enabled_features and "avx2" in t.enabled_features:
+        if "torch" in sys.modules:
+            raise CuvilError("--target: torch was imported before its CPU capability could be restricted")
+        os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+        os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 
 
 def target_line(t: Any) -> str:
@@ -167,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
                          "x=4,3,224,224 mask=4,128")
     p_bench.add_argument("--quick", action="store_true", help="--ops: skip the largest shapes")
     p_bench.add_argument("--only", default=None, help="--ops: only the rows whose name contains this text")
+    p_bench.add_argument("--target", default=None, metavar="CPU", help="compile for this CPU instead of the host's "
+                         "own (x86-64-v3, x86-64-v4, znver3, ...: cuvil.target.X86_CPUS; its code must run here): "
+                         "sets CUVIL_HOST_TARGET for the run, and restricts the torch anchors of --torch to AVX2 "
+                         "when the CPU has no AVX-512")
     p_bench.add_argument("--registry", action="store_true", help="the registry of real models (cuvil.registry; "
                          "needs torch): models are registry names (default: all), one protocol (docs/models.md)")
     p_bench.add_argument("--config", default="full", choices=("full", "ci"), help="--registry: model sizes")
@@ -249,6 +271,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, tune_cl
         return info()
     if args.cmd == "bench":
         threads = _ints(parser, "--threads", args.threads)
+        if args.target:
+            narrow_host(args.target)
         if args.shapes and (args.ops or args.registry):
             parser.error("--shapes sets the input shapes of model files and cuvil.zoo models, not of --ops or "
                          "--registry")

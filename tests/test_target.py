@@ -135,3 +135,17 @@ def test_constants_fold_on_this_machine_when_compiling_for_another():
     arm = Target("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1")
     prog = compile_graph(prepare(import_model(model)), {"x": (1, 3, 4)}, {}, arm)
     assert prog.target is arm and "fadd" in prog.module.get_source("asm")
+
+
+@needs_x86
+@pytest.mark.skipif(not X86 or not _host_has("avx2", "fma"), reason="needs avx2 and fma: this CPU lacks them")
+def test_bench_target_narrows_cuvil_and_the_torch_anchors():
+    """``cuvil bench --target x86-64-v3``: cuvil compiles for it, and PyTorch's kernels are held to AVX2."""
+    code = ("import os, cuvil; from cuvil.cli import narrow_host; narrow_host('x86-64-v3'); "
+            "print(cuvil.Target('llvm').cpu, os.environ['ONEDNN_MAX_CPU_ISA'], os.environ['ATEN_CPU_CAPABILITY'])")
+    r = _in_child("", code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["x86-64-v3", "AVX2", "avx2"]
+    r = subprocess.run([sys.executable, "-m", "cuvil.cli", "bench", "--ops", "--target", "no-such-cpu"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "names no CPU cuvil knows" in r.stderr, r.stderr
