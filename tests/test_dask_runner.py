@@ -324,7 +324,7 @@ def test_a_candidate_that_kills_every_board_is_recorded_lost(cluster, tmp_path) 
     finally:
         runner.close()
     recs = _records(db, "x")
-    assert sorted(r.status for r in recs) == ["ok", "ok", "ok", "run_lost"]
+    assert sorted(r.status for r in recs) == ["ok", "ok", "ok", "run_lost"], [(r.status, r.error) for r in recs]
     assert "rerouted" in next(r.error for r in recs if r.status == "run_lost")
 
 

@@ -18,7 +18,10 @@ the host compiles: the target comes from the first board's facts (:mod:`cuvil.au
 ``runner.target``, which ``tune`` compiles for when no target is given.
 
 Faults are data.  A board that dies mid-measurement (its task fails with ``KilledWorker``) has the task sent
-again to another board of the kind; if that one dies too, the trial is recorded as ``run_lost``.  A reply
+again to another board of the kind; if that one dies too, the trial is recorded as ``run_lost``.  A dying
+board takes every task it holds with it, the one that killed it and any other it had been given, so the
+tasks that died are sent again one at a time (a suspect waits until the one before it has come back): an
+innocent task never dies twice beside the culprit, and only the culprit is lost.  A reply
 that is not a measurement (times not finite or not positive, a missing result) or that is wildly
 inconsistent with the other boards of the kind (the untuned schedule timed more than
 :data:`INCONSISTENT` x apart) quarantines that board for the rest of the run, with a line on stderr; its
@@ -282,8 +285,23 @@ class DaskRunner:
         limit = 60.0 + per * math.ceil(len(tasks) / max(1, len(self._live())))
         deadline = time.monotonic() + limit
         gone: float | None = None
+        suspects: list[int] = []  # tasks that died once, waiting to be sent again one at a time
+        flying: int | None = None  # the suspect on a board now
         while any(o is None for o in out):
-            pending = {t.future: k for k, t in enumerate(tasks) if out[k] is None}
+            if flying is not None and out[flying] is not None:
+                flying = None
+            while flying is None and suspects:
+                k = suspects.pop(0)
+                if tasks[k].sent >= MAX_SENDS or not self._submit(tasks[k], opts):
+                    fail(k, "run_lost", self._none_left())
+                else:
+                    flying = k
+                    if not self.quiet:
+                        print(f"cuvil: a board of kind {self.board!r} died mid-measurement; its task is rerouted",
+                              file=sys.stderr, flush=True)
+            if all(o is not None for o in out):
+                break
+            pending = {t.future: k for k, t in enumerate(tasks) if out[k] is None and k not in suspects}
             try:
                 dask_wait(list(pending), timeout=2.0, return_when="FIRST_COMPLETED")
             except TimeoutError:
@@ -314,11 +332,12 @@ class DaskRunner:
                     if t.deaths >= 2:
                         fail(k, "run_lost", f"the board measuring it died, and so did the one it was rerouted to "
                                             f"({value})")
+                    elif what == "died":  # sent again when no other suspect is on a board (see the docstring)
+                        suspects.append(k)
+                        if flying == k:
+                            flying = None
                     elif t.sent >= MAX_SENDS or not self._submit(t, opts):
                         fail(k, "run_lost", self._none_left())
-                    elif what == "died" and not self.quiet:
-                        print(f"cuvil: a board of kind {self.board!r} died mid-measurement; its task is rerouted",
-                              file=sys.stderr, flush=True)
             if all(o is not None for o in out):
                 break
             now = time.monotonic()
