@@ -187,6 +187,10 @@ def test_profile_times_every_call():
     assert "1x8x8x8" in prof.calls[0].shapes
     text = prof.table()
     assert "Conv+Add+Relu" in text and "whole run" in text
+    # each call's work: 2 x 8 filters x 8 channels x 9 taps x 64 pixels, float32; against the measured peak
+    assert [(c.flops, c.kind) for c in prof.calls] == [(2 * 8 * 8 * 9 * 64, "fp32")] * 2
+    assert prof.peak > 1e9 and "float32 contractions: " in text and "of the measured peak" in text
+    assert prof.contractions() == (sum(c.flops for c in prof.calls), sum(c.seconds for c in prof.calls))
     np.testing.assert_allclose(prog.run(feeds)["y"], compile_graph(g, {"x": (1, 8, 8, 8)}, {}, "llvm",
                                                                       fuse=False).run(feeds)["y"], rtol=1e-5)
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from reference import budget
-from test_int8_kernels import _build, _conv_ref, _matmul_ref
+from test_int8_kernels import _build, _conv_ref, _ctx, _matmul_ref
 
 import cuvil
 from cuvil import te
@@ -119,3 +119,17 @@ def _run_conv(make, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     out = np.zeros(shape, np.int32)
     mod(*vals, out)
     return out
+
+
+def test_a_profile_counts_every_packed_product():
+    """cuvil.graph.profile.contraction_flops: a pair (dot2_i16) is two products, a VNNI word (dot4) four."""
+    from cuvil.graph.profile import contraction_flops
+
+    a = np.zeros((13, 36), np.uint8)
+    w = np.ones((36, 40), np.int8)
+    for target, kind in ((V3, "int8"), ("llvm -mtriple=x86_64-linux-gnu -mcpu=znver4", "int8")):
+        ctx = _ctx(cuvil.Target(target))
+        A = te.placeholder(a.shape, dtype="uint8", name="A")
+        y = int_matmul(ctx, A, w)
+        flops, got = contraction_flops([A, y])
+        assert got == kind and flops == 2 * 13 * 36 * 40

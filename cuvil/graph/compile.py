@@ -51,6 +51,7 @@ from cuvil.graph.ops.base import (
     inline_elementwise,
     t_shape,
 )
+from cuvil.graph.profile import contraction_flops
 from cuvil.schedule.fallback import first_line, scheduling
 
 __all__ = ["CompiledGraph", "check_supported", "clear_kernels", "compile_graph", "compile_model", "kernel_programs",
@@ -112,7 +113,7 @@ def compile_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Ma
     kernels, calls, module = link(c.calls, c.target)  # 5.
     memory = plan_memory(lifetimes([((), args) for _, args in c.calls], temp_bytes(c.slots, outputs)))  # 6.
     return CompiledGraph(c.slots, kernels, calls, module, memory, outputs, c.target, c.labels, tuple(c.fallbacks),
-                         c.call_nodes)
+                         c.call_nodes, c.call_flops)
 
 
 def check_supported(graph: Graph) -> None:
@@ -286,6 +287,7 @@ class _GraphCompiler:
         self.calls: list[tuple[Any, tuple[int, ...]]] = []
         self.labels: list[str] = []
         self.call_nodes: list[tuple[Any, ...]] = []  # per call: (op type, name, inputs) of each member node
+        self.call_flops: list[tuple[float, str]] = []  # per call: its contractions' work (profile.contraction_flops)
         self.fallbacks: list[str] = []
         self.precision = "fp32"  # or "bf16" (set by compile_graph)
         self._const_slot: dict[int, int] = {}
@@ -425,6 +427,7 @@ class _GraphCompiler:
             arg_slots.append(len(self.slots) - 1)
         self.calls.append((func, tuple(arg_slots)))
         self.labels.append(label)
+        self.call_flops.append(contraction_flops(args))
         self.call_nodes.append(tuple((ctx.node.op_type, ctx.node.name, tuple(ctx.node.inputs)) for ctx in ctxs))
         return results
 
@@ -438,6 +441,7 @@ class _GraphCompiler:
             if isinstance(e, Runtime) and (self.slots[e.slot].kind != "temp" or e.slot in used):
                 e = _copy(e, self.slots, self.calls, self.target)
                 self.labels.append(f"copy to output {v.name!r}")
+                self.call_flops.append((0.0, ""))
                 self.call_nodes.append(())
             if isinstance(e, Runtime):
                 used.add(e.slot)

@@ -67,7 +67,8 @@ class CompiledGraph:
 
     def __init__(self, slots: list[Slot], kernels: list[Any], kernel_calls: list[Any], module: Any,
                  memory: Any, outputs: list[tuple[str, Runtime | np.ndarray]], target: Any, labels: list[str],
-                 fallbacks: tuple[str, ...] = (), call_nodes: list[tuple[Any, ...]] | None = None):
+                 fallbacks: tuple[str, ...] = (), call_nodes: list[tuple[Any, ...]] | None = None,
+                 call_flops: list[tuple[float, str]] | None = None):
         self.slots = slots
         self.outputs = outputs
         self.target = target
@@ -81,6 +82,8 @@ class CompiledGraph:
         self.fallbacks = fallbacks  # one line per kernel that took a plainer schedule than planned
         # per call: the graph nodes its kernel computes, in fused-member order (for bounds errors)
         self.call_nodes = call_nodes if call_nodes is not None else [()] * len(kernel_calls)
+        # per call: its contractions' work and kind (cuvil.graph.profile.contraction_flops), for the profile
+        self.call_flops = call_flops if call_flops is not None else [(0.0, "")] * len(kernel_calls)
         self._feeds = [(k, s.name) for k, s in enumerate(slots) if s.kind == "feed"]
         self._consts = {k: s.array for k, s in enumerate(slots) if s.kind == "const"}
         self._temp_bytes = temp_bytes(slots, outputs)

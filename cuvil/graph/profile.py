@@ -23,22 +23,77 @@ from typing import Any
 import numpy as np
 
 _KERNEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)  # k_checked
+# products per packed dot-product call (cuvil.ir.expr): four bytes, two 16-bit integers, two bfloat16
+_PACKED = {"dot4_u8s8": 4, "dot4_u8u8": 4, "dot4_s8s8": 4, "dot2_i16": 2, "dot2_bf16": 2}
+
+
+def contraction_flops(args: list[Any]) -> tuple[float, str]:
+    """The work of a kernel's contractions (the sums of products among the te operations behind
+    ``args``): 2 x their multiply-adds, a packed dot product counting each of its products, and the
+    kind of those products (``"fp32"``, ``"int8"``, ``"bf16"``; ``""`` without a contraction).  A
+    Winograd convolution counts its tile contraction, fewer than the direct convolution's."""
+    from cuvil.ir.expr import Cast
+    from cuvil.schedule.axes import const_int
+    from cuvil.schedule.contraction import product_operands
+    from cuvil.te.tensor import ComputeOp, Tensor
+
+    seen: set[int] = set()
+    todo = [a.op for a in args if isinstance(a, Tensor)]
+    total, kind = 0.0, ""
+    while todo:
+        op = todo.pop()
+        if id(op) in seen:
+            continue
+        seen.add(id(op))
+        todo.extend(t.op for t in op.input_tensors)
+        if not isinstance(op, ComputeOp) or not op.reduce_axis or product_operands(op.body) is None:
+            continue
+        ext = [const_int(a.extent) for a in (*op.axis, *op.reduce_axis)]
+        if any(e is None for e in ext):
+            continue
+        src = op.body.source
+        while isinstance(src, Cast):
+            src = src.value
+        per = _PACKED.get(getattr(src, "name", ""), 1)
+        total += 2.0 * per * math.prod(ext)  # type: ignore[arg-type]
+        kind = kind or ("bf16" if per == 2 and src.name == "dot2_bf16" else "int8" if per > 1 else
+                        "fp32" if op.dtype == "float32" else op.dtype)
+    return total, kind
 
 
 @dataclass(frozen=True)
 class CallTime:
-    """One kernel call: what it computes (ops and first node), its buffers' shapes and median seconds."""
+    """One kernel call: what it computes (ops and first node), its buffers' shapes and median seconds,
+    and its contractions' work (:func:`contraction_flops`)."""
 
     index: int
     label: str
     shapes: str
     seconds: float
+    flops: float = 0.0
+    kind: str = ""
 
 
 @dataclass(frozen=True)
 class Profile:
     calls: tuple[CallTime, ...]
     run_seconds: float  # one whole run (all calls in one native call), median
+    peak: float = 0.0  # float32 flop/s of the cores the run uses (measured: cuvil.codegen.calibrate), 0: unknown
+
+    def contractions(self) -> tuple[float, float]:
+        """(flops, seconds) of the calls with float32 contractions: their aggregate rate is flops / seconds."""
+        fp = [c for c in self.calls if c.kind == "fp32" and c.flops]
+        return sum(c.flops for c in fp), sum(c.seconds for c in fp)
+
+    def summary(self) -> str:
+        """One line: the float32 contractions' FLOPs over their time, and the share of the peak that is."""
+        flops, secs = self.contractions()
+        if not secs:
+            return "no float32 contraction"
+        rate = flops / secs
+        peak = f", {rate / self.peak:.0%} of the measured peak {self.peak / 1e9:.0f} GFLOP/s" if self.peak else ""
+        return (f"float32 contractions: {flops / 1e9:.2f} GFLOP in {secs * 1e3:.2f} ms = {rate / 1e9:.1f} GFLOP/s"
+                f"{peak} ({secs / (self.total or 1.0):.0%} of the calls' time)")
 
     @property
     def total(self) -> float:
@@ -55,11 +110,16 @@ class Profile:
     def table(self, top: int | None = None) -> str:
         total = self.total or 1.0
         rows = sorted(self.calls, key=lambda c: -c.seconds)[:top]
-        lines = [f"{'#':>4} {'us':>9} {'share':>6}  {'op':<40} shapes"]
+        lines = [f"{'#':>4} {'us':>9} {'share':>6} {'GF/s':>7} {'peak':>5}  {'op':<40} shapes"]
         for c in rows:
-            lines.append(f"{c.index:>4} {c.seconds * 1e6:>9.1f} {c.seconds / total:>6.1%}  {c.label:<40} {c.shapes}")
+            rate = c.flops / c.seconds if c.flops and c.seconds else 0.0
+            gf = f"{rate / 1e9:>7.1f}" if rate else f"{'-':>7}"
+            pk = f"{rate / self.peak:>5.0%}" if rate and self.peak and c.kind == "fp32" else f"{'-':>5}"
+            lines.append(f"{c.index:>4} {c.seconds * 1e6:>9.1f} {c.seconds / total:>6.1%} {gf} {pk}  "
+                         f"{c.label:<40} {c.shapes}")
         lines.append(f"sum of calls {self.total * 1e3:.2f} ms, whole run {self.run_seconds * 1e3:.2f} ms, "
                      f"{len(self.calls)} calls")
+        lines.append(self.summary())
         lines.append("by op: " + ", ".join(f"{k} {v * 1e3:.2f} ms ({v / total:.0%})" for k, v in self.by_op().items()))
         return "\n".join(lines)
 
@@ -116,11 +176,23 @@ def profile(prog: Any, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> Pro
     if prog.module is None:
         return Profile((), run_s)
     funcs = {f.name: f for f in prog.kernel_funcs}
+    work = getattr(prog, "call_flops", None) or [(0.0, "")] * prog.n_calls
     out = []
     for k, label, kernel, one in _entries(prog, arrays):
         shapes = " ".join("x".join(str(getattr(d, "value", d)) for d in b.shape) for b in _buffers(funcs[kernel]))
-        out.append(CallTime(k, label, shapes, _median(one, repeat)))
-    return Profile(tuple(out), run_s)
+        out.append(CallTime(k, label, shapes, _median(one, repeat), *work[k]))
+    return Profile(tuple(out), run_s, _peak(prog.target))
+
+
+def _peak(target: Any) -> float:
+    """The float32 peak of the cores a run uses (the session's threads; see cuvil.codegen.calibrate)."""
+    from cuvil.codegen.calibrate import fma_peak
+    from cuvil.runtime.threads import get_num_threads
+
+    try:
+        return fma_peak(target) * max(1, get_num_threads())
+    except Exception:  # noqa: BLE001 - a profile without a peak still says where the time goes
+        return 0.0
 
 
 @dataclass(frozen=True)
