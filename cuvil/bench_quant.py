@@ -17,8 +17,12 @@ after a pause, alternated ``--rounds`` times (at least 5), median wall and CPU t
 - ``cold``: the int8 file's compile in a fresh process with an empty kernel cache (``--no-cold``: skipped);
 - ``fp``: quantized contractions cuvil still runs as float contractions (:func:`float_contractions`; 0 is
   the aim);
-- ``check``: cuvil against onnxruntime on the int8 file, within 2 steps of the last quantization's scale
-  and the same argmax where the top-2 margin exceeds 2 steps (:func:`cuvil.registry.quantize.compare_quantized`).
+- ``sem``, ``ort-sem``: the largest distance of cuvil's and of onnxruntime's (fused kernels) outputs from the
+  file's semantics (:mod:`cuvil.registry.semantics`: the QDQ form run with graph optimisations off), in steps
+  of the last quantization's scale;
+- ``check``: cuvil against the semantics, within 2 steps and the same argmax where the top-2 margin exceeds 2
+  steps (:func:`cuvil.registry.quantize.compare_quantized`; at full size two exact engines can differ by
+  more: the float reference rounds its sums differently, and a flipped rounding grows through the layers).
 
 An engine that fails prints ``failed: <its error>``; the others still run.  The last lines give, per
 thread count, the geometric means of /ort and x fp32, and the load average.
@@ -51,7 +55,8 @@ class QuantRow:
     errors: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     checked: bool = False
-    worst_steps: float = 0.0  # the largest |cuvil - onnxruntime| over the outputs, in steps of their scales
+    worst_steps: float = 0.0  # the largest |cuvil - semantics| over the outputs, in steps of their scales
+    ort_steps: float | None = None  # the same for onnxruntime's fused kernels (its default session)
     error: str = ""
 
     @property
@@ -154,7 +159,7 @@ def bench_one(model: str, scheme: str, config: str, threads: list[int], rounds: 
               cold: bool = True) -> QuantRow:
     """Measure registry ``model`` quantized as ``scheme`` at ``config`` (see the module docstring)."""
     from cuvil import registry
-    from cuvil.registry import quantize
+    from cuvil.registry import quantize, semantics
 
     r = QuantRow(model, scheme)
     qpath = quantize.quantize(model, config, scheme)
@@ -167,6 +172,7 @@ def bench_one(model: str, scheme: str, config: str, threads: list[int], rounds: 
         except Exception as exc:  # noqa: BLE001
             r.errors["cuvil"] = br.failed_line(exc)
     steps = quantize.output_steps(qpath, example)
+    ref = None  # the file's semantics on the example (cuvil.registry.semantics), computed once
     for t in threads:
         live = {e: s for e, s in specs.items() if e not in r.errors}
         if t == 1:
@@ -181,11 +187,15 @@ def bench_one(model: str, scheme: str, config: str, threads: list[int], rounds: 
                 r.errors[e] = m.error
             else:
                 r.latency.setdefault(t, {})[e] = (m.cpu, m.wall)
-        if "cuvil" in got and "ort" in got and not got["cuvil"].error and not got["ort"].error:
+        if "cuvil" in got and not got["cuvil"].error:
             names = _output_names(qpath)
+            if ref is None:
+                ref = semantics.run_semantics(semantics.registry_semantics(model, config, scheme), example)
             r.problems += [f"{t}T: {p}" for p in
-                           quantize.compare_quantized(got["cuvil"].outputs, got["ort"].outputs, names, steps)]
-            r.worst_steps = max(r.worst_steps, steps_apart(got["cuvil"].outputs, got["ort"].outputs, names, steps))
+                           quantize.compare_quantized(got["cuvil"].outputs, ref, names, steps)]
+            r.worst_steps = max(r.worst_steps, steps_apart(got["cuvil"].outputs, ref, names, steps))
+            if "ort" in got and not got["ort"].error:
+                r.ort_steps = max(r.ort_steps or 0.0, steps_apart(got["ort"].outputs, ref, names, steps))
             r.checked = True
     return r
 
@@ -219,7 +229,7 @@ def _x(x: float | None) -> str:
 def header(threads: list[int]) -> str:
     cols = "".join(f"{f'{t}T int8':>10}{'wall' if t == 1 else '':>8}{'ort':>8}{'/ort':>6}{'fp32':>9}{'x fp32':>7}"
                    for t in threads)
-    return f"{'model':<14}{'scheme':<13}{'cold':>7}{'fp':>4}{cols}  check"
+    return f"{'model':<14}{'scheme':<13}{'cold':>7}{'fp':>4}{cols}{'sem':>6}{'ort-sem':>8}  check"
 
 
 def row(r: QuantRow, threads: list[int]) -> str:
@@ -235,7 +245,8 @@ def row(r: QuantRow, threads: list[int]) -> str:
     fp = "-" if r.fp32_left is None else str(r.fp32_left)
     check = "-" if not r.checked else "ok" if not r.problems else "MISMATCH: " + "; ".join(r.problems)[:200]
     fails = "".join(f"; {e} failed: {msg}" for e, msg in r.errors.items())
-    return f"{r.model:<14}{r.scheme:<13}{cold:>7}{fp:>4}{cols}  {check}{fails}"
+    sem = _x(r.worst_steps if r.checked else None)
+    return f"{r.model:<14}{r.scheme:<13}{cold:>7}{fp:>4}{cols}{sem:>6}{_x(r.ort_steps):>8}  {check}{fails}"
 
 
 def _geo(xs: list[float]) -> float:
@@ -267,7 +278,7 @@ def run(models: list[str], schemes: list[str], config: str, threads: list[int], 
               "1T: median process CPU time (wall beside cuvil's), engines in turn call by call in one process; 2T+: "
               "median wall, each engine in its own process, blocks after a pause; /ort > 1: cuvil slower; x fp32 = "
               "cuvil fp32 / cuvil int8; fp = quantized contractions still in float; cold = int8 compile in a fresh "
-              "process, empty kernel cache")
+              "process, empty kernel cache; sem / ort-sem: steps from the file's QDQ semantics")
     print(header(threads), flush=True)
     rows = []
     for model in models:
