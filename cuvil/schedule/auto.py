@@ -180,7 +180,23 @@ class AutoScheduler(PlainStrategies):
         neoverse-n1, a 1x1 conv 1024 -> 256: 90.1 -> 85.9% of the FMA bound), 12 do not."""
         return min(TALL_TILE_ROWS, 12) if self.target.triple.startswith("aarch64") else TALL_TILE_ROWS
 
-    def _tile_sizes(self, c: Contraction, dtype: str) -> tuple[int, int]:
+    def _wants_more_chains(self, c: Contraction, op: Any, mr: int, nv: int, regs: int) -> bool:
+        """Whether a tile of ``mr`` x ``nv`` vectors has too few accumulators for the target's FMA pipes
+        and should take the most rows the register file holds (beside ``nv`` operand vectors and the
+        broadcast).  A tile wants 1.5 x pipes x FMA latency (4) independent accumulators: on a Zen 4
+        running AVX2 code, 8 (= 2 pipes x 4) reach 93% of the FMA rate and 12 all of it (a loop of bare
+        FMAs), and whole AVX2 kernels gain 1.11-1.19x with 12 (6 x 2: matmuls 128-512 x 768 x 768-3072, 1x1
+        convolutions 1024 -> 256 @14).  Only for a single reduction loop whose columns are the output's
+        unit-stride axis: a window's unrolled taps keep their operand vectors live (a 3x3 convolution's 6 x
+        2 tile spilled accumulators and lost 2-16%), and rows that are the output's unit-stride axis store
+        whole vectors only at 4 or 8 rows.  32 registers hold 8 x 2 = 16 accumulators, enough for two
+        pipes (four, Neoverse V1: 95% of the FMA bound in llvm-mca); unchanged there."""
+        if regs >= 32 or op is None or _reduction_loops(c) != 1 or c.j is not op.axis[-1]:
+            return False
+        want = -(-3 * max(1, self.target.fma_units) * 4 // 2)
+        return mr * nv < want and (regs - nv - 1) // nv > mr
+
+    def _tile_sizes(self, c: Contraction, dtype: str, op: Any = None) -> tuple[int, int]:
         v = self.lanes(dtype)
         ext_j = const_int(c.j.extent)
         # two vector registers per row, or one when that divides the columns and two do not
@@ -211,6 +227,8 @@ class AutoScheduler(PlainStrategies):
                 and ext_i is not None and any(ext_i % m == 0 for m in range(10, tall_rows + 1)))
         # (only without a tail tile: an MLP layer's 64 rows as 13 + ... + 12 measured no faster than 8 x 8)
         mr = 6 if big else tall_rows if tall else max(1, min(8, (regs - 4) // 2 - 2))
+        if not big and not tall and self._wants_more_chains(c, op, mr, nv, regs):
+            mr = (regs - nv - 1) // nv
         if ext_i is not None and ext_i < mr:
             mr = max(1, ext_i)
         if ext_i is not None and ext_i % mr:
@@ -230,7 +248,7 @@ class AutoScheduler(PlainStrategies):
         element at a time at the end, spread over the ``k`` steps (a 1x1 convolution over 64 channels
         with filters in lanes: 6 stores a step)."""
         v = self.lanes(op.dtype)
-        mr, nr = self._tile_sizes(c, op.dtype)
+        mr, nr = self._tile_sizes(c, op.dtype, op)
         nv = -(-nr // v)
         ext_j = const_int(c.j.extent) or nr
         used = ext_j / (-(-ext_j // v) * v)
@@ -241,7 +259,7 @@ class AutoScheduler(PlainStrategies):
     def candidates(self, op: ComputeOp) -> list[Contraction]:
         """The contraction pairs of ``op`` this scheduler can tile (packing where it must be possible)."""
         return [c for c in contraction_candidates(op)
-                if c.pack_dim is None or self._packable(c, self._tile_sizes(c, op.dtype)[1], op) is not None]
+                if c.pack_dim is None or self._packable(c, self._tile_sizes(c, op.dtype, op)[1], op) is not None]
 
     def choose(self, op: ComputeOp, pick: int | None = None) -> Contraction | None:
         """The contraction pair of ``op`` to tile: the one with most work per load when it needs no copy
@@ -283,7 +301,7 @@ class AutoScheduler(PlainStrategies):
         s = self.s
         k = knobs or {}
         op: ComputeOp = st.op
-        mr, nr = self._tile_sizes(c, op.dtype)
+        mr, nr = self._tile_sizes(c, op.dtype, op)
         mr, nr = int(k.get("mr", mr)), int(k.get("nr", nr))
         ku = int(k.get("ku", _default_ku(op, c)))
         work = self._work(st)  # multiply-adds, counted before cache_write moves the reduction away
@@ -521,7 +539,7 @@ def default_knobs(args: Sequence[Any], target: Any = "llvm") -> dict[str, dict[s
             c = sch.choose(op)
             idx = next(k for k, x in enumerate(cands) if c is not None and x.i is c.i and x.j is c.j
                        and x.vector is c.vector and x.pack_dim == c.pack_dim)
-            mr, nr = sch._tile_sizes(c, op.dtype)
+            mr, nr = sch._tile_sizes(c, op.dtype, op)
             packed = c.panel is None and sch._packable(c, nr, op) is not None
             chosen[st.name] = {"candidate": idx, "mr": mr, "nr": nr, "pack": True,
                                "panels_outer": packed or c.panel is not None,
