@@ -27,6 +27,7 @@ Host detection imports llvmlite lazily, so ``import cuvil.target`` is cheap.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from typing import Any
@@ -252,6 +253,12 @@ def host_spec() -> str:
     name = os.environ.get(HOST_TARGET_ENV, "").strip()
     if not name or name == "native":
         return "llvm"
+    return _narrowed(name)
+
+
+@functools.cache
+def _narrowed(name: str) -> str:
+    """``llvm -mcpu=NAME``, once checked to run here (a TargetError names what this CPU lacks)."""
     if name not in X86_CPUS and name not in ARM_CPUS:
         known = ", ".join(sorted(X86_CPUS) + sorted(ARM_CPUS))
         raise TargetError(f"{HOST_TARGET_ENV}={name!r} names no CPU cuvil knows; known: native, {known}")
