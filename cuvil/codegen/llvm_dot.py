@@ -37,6 +37,24 @@ from cuvil.codegen.llvm_expr import I32
 from cuvil.ir.expr import DOT2_BF16, DOT2_I16, DOT4_KINDS
 
 
+def _lanes(b: ir.IRBuilder, v: ir.Value, lo: int, width: int) -> ir.Value:
+    """Lanes ``lo .. lo + width`` of vector ``v`` (``v`` itself when it has no more)."""
+    if v.type.count == width:
+        return v
+    return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width), list(range(lo, lo + width))))
+
+
+def _per_register(b: ir.IRBuilder, n: int, width: int, one: Any) -> ir.Value:
+    """``one(lo)`` (an instruction's result on lanes ``lo .. lo + width``) for each register of ``width``
+    lanes of an ``n``-lane vector, concatenated pairwise (``n / width`` is a power of two)."""
+    parts = [one(lo) for lo in range(0, n, width)]
+    while len(parts) > 1:
+        w = parts[0].type.count
+        sel = ir.Constant(ir.VectorType(I32, 2 * w), list(range(2 * w)))
+        parts = [b.shuffle_vector(parts[k], parts[k + 1], sel) for k in range(0, len(parts), 2)]
+    return parts[0]
+
+
 def dot4_kinds(target: Any) -> dict[str, tuple[str, bool]]:
     """The :func:`cuvil.ir.expr.dot4` calls ``target`` has an instruction for: name -> (LLVM intrinsic
     name without its type suffix, whether it takes the bytes as ``<16 x i8>``)."""
@@ -111,20 +129,11 @@ def dot4_vector(b: ir.IRBuilder, target: Any, name: str, u: ir.Value, s: ir.Valu
     fname = f"{base}.v{width}i32.v{4 * width}i8" if as_bytes else f"{base}.{32 * width}"
     fn = b.module.globals.get(fname) or ir.Function(b.module, ir.FunctionType(vt, [vt, bt, bt]), fname)
 
-    def part(v: ir.Value, lo: int) -> ir.Value:
-        if width == n:
-            return v
-        return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width), list(range(lo, lo + width))))
-
     def byte_part(v: ir.Value, lo: int) -> ir.Value:
-        return b.bitcast(part(v, lo), bt) if as_bytes else part(v, lo)
+        return b.bitcast(_lanes(b, v, lo, width), bt) if as_bytes else _lanes(b, v, lo, width)
 
-    parts = [b.call(fn, [part(acc, lo), byte_part(u, lo), byte_part(s, lo)]) for lo in range(0, n, width)]
-    while len(parts) > 1:  # concatenate pairwise (n / width is a power of two)
-        w = parts[0].type.count
-        sel = ir.Constant(ir.VectorType(I32, 2 * w), list(range(2 * w)))
-        parts = [b.shuffle_vector(parts[k], parts[k + 1], sel) for k in range(0, len(parts), 2)]
-    return parts[0]
+    return _per_register(b, n, width, lambda lo: b.call(fn, [_lanes(b, acc, lo, width), byte_part(u, lo),
+                                                              byte_part(s, lo)]))
 
 
 # -- 16-bit pairs ------------------------------------------------------------------------------
@@ -172,17 +181,9 @@ def dot2_i16_vector(b: ir.IRBuilder, target: Any, u: ir.Value, s: ir.Value, acc:
     fname = _PMADDWD[width]
     fn = b.module.globals.get(fname) or ir.Function(b.module, ir.FunctionType(vt, [ht, ht]), fname)
 
-    def part(v: ir.Value, lo: int) -> ir.Value:
-        if width == n:
-            return v
-        return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width), list(range(lo, lo + width))))
-
-    parts = [b.call(fn, [b.bitcast(part(u, lo), ht), b.bitcast(part(s, lo), ht)]) for lo in range(0, n, width)]
-    while len(parts) > 1:  # concatenate pairwise (n / width is a power of two)
-        w = parts[0].type.count
-        sel = ir.Constant(ir.VectorType(I32, 2 * w), list(range(2 * w)))
-        parts = [b.shuffle_vector(parts[k], parts[k + 1], sel) for k in range(0, len(parts), 2)]
-    return parts[0] if acc is None else b.add(acc, parts[0])
+    d = _per_register(b, n, width, lambda lo: b.call(fn, [b.bitcast(_lanes(b, u, lo, width), ht),
+                                                          b.bitcast(_lanes(b, s, lo, width), ht)]))
+    return d if acc is None else b.add(acc, d)
 
 
 # -- bfloat16 pairs ---------------------------------------------------------------------------
@@ -271,18 +272,9 @@ def dot2_bf16_vector(b: ir.IRBuilder, target: Any, u: ir.Value, s: ir.Value, acc
     fname = f"llvm.x86.avx512bf16.dpbf16ps.{32 * width}"
     fn = b.module.globals.get(fname) or ir.Function(b.module, ir.FunctionType(vt, [vt, bt, bt]), fname)
 
-    def part(v: ir.Value, lo: int) -> ir.Value:
-        if width == n:
-            return v
-        return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width), list(range(lo, lo + width))))
-
-    parts = [b.call(fn, [part(acc, lo), b.bitcast(part(u, lo), bt), b.bitcast(part(s, lo), bt)])
-             for lo in range(0, n, width)]
-    while len(parts) > 1:  # concatenate pairwise (n / width is a power of two)
-        w = parts[0].type.count
-        sel = ir.Constant(ir.VectorType(I32, 2 * w), list(range(2 * w)))
-        parts = [b.shuffle_vector(parts[k], parts[k + 1], sel) for k in range(0, len(parts), 2)]
-    return parts[0]
+    return _per_register(b, n, width, lambda lo: b.call(fn, [_lanes(b, acc, lo, width),
+                                                              b.bitcast(_lanes(b, u, lo, width), bt),
+                                                              b.bitcast(_lanes(b, s, lo, width), bt)]))
 
 
 def dot_vector(b: ir.IRBuilder, target: Any, name: str, u: ir.Value, s: ir.Value, acc: ir.Value | None

@@ -312,7 +312,7 @@ def output_steps(path: str, feeds: Mapping[str, np.ndarray]) -> dict[str, float]
 def compare_quantized(got: list[np.ndarray], ref: list[np.ndarray], names: list[str], steps: Mapping[str, float],
                       within: float = 2.0) -> list[str]:
     """What differs between ``got`` (the engine under test) and ``ref`` (the reference: in the tests the
-    file's QDQ semantics, onnxruntime with its graph optimisations off; see tests/quant_reference.py) on the
+    file's QDQ semantics, onnxruntime with its graph optimisations off; see cuvil.registry.semantics) on the
     same quantized file, one line per problem; empty when they agree.
 
     Each float output with a step (:func:`output_steps`) must lie within ``within`` steps of ``ref``
