@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import re
 import sys
@@ -67,27 +66,6 @@ def _sources_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def _te_flops(args: list[Any]) -> float:
-    """2 x the multiply-adds of the reductions among the kernel's te operations."""
-    from cuvil.schedule.axes import const_int
-    from cuvil.te.tensor import ComputeOp, Tensor
-
-    seen: set[int] = set()
-    todo = [a.op for a in args if isinstance(a, Tensor)]
-    total = 0.0
-    while todo:
-        op = todo.pop()
-        if id(op) in seen:
-            continue
-        seen.add(id(op))
-        todo.extend(t.op for t in op.input_tensors)
-        if isinstance(op, ComputeOp) and op.reduce_axis:
-            ext = [const_int(a.extent) for a in (*op.axis, *op.reduce_axis)]
-            if all(e is not None for e in ext):
-                total += 2.0 * math.prod(ext)  # type: ignore[arg-type]
-    return total
-
-
 def _name(key: tuple) -> str:
     """The kernel's name for people; a Winograd convolution says so (its FLOPs are those of its tile
     contraction, 16 multiplies per 2x2 outputs and channel pair instead of 36)."""
@@ -112,13 +90,14 @@ def compile_for(model: str, config: str, cpu: str, exporter: str = "dynamo", cac
             return {**json.load(f), "cached": True}
     from cuvil.frontend.onnx import import_model, load_model
     from cuvil.graph.compile import compile_graph, prepare
+    from cuvil.graph.profile import contraction_flops
 
     t0 = time.perf_counter()
     graph = prepare(import_model(load_model(path)))
     shapes = {v.name: tuple(v.shape) for v in graph.feeds}
     seen: list[tuple[str, float]] = []  # per kernel call, in call order: its name for people and FLOPs
     prog = compile_graph(graph, shapes, {}, target,
-                         on_kernel=lambda k, args, label: seen.append((_name(k), _te_flops(args))))
+                         on_kernel=lambda k, args, label: seen.append((_name(k), contraction_flops(args)[0])))
     asm = prog.module.get_source("asm")
     kernels: dict[str, dict[str, Any]] = {}
     for call, (label, flops), nodes in zip(prog.kernel_calls, seen, prog.call_nodes):
