@@ -237,6 +237,13 @@ class Target:
             return 1 if self.cpu == "cortex-a53" else 4 if self.cpu in ("neoverse-v1", "neoverse-v2") else 2
         return 2 if "fma" in self.enabled_features else 1
 
+    @property
+    def fma_latency(self) -> int:
+        """Cycles from one vector FMA to the next that uses its result: 4 on every core cuvil knows (Zen 2-4,
+        Skylake and later, Neoverse, Cortex-A76; Haswell and Broadwell have 5).  A register tile needs
+        pipes x latency independent accumulators to keep the pipes busy."""
+        return 4
+
     def peak_flops_per_cycle(self, dtype_bits: int = 32) -> int:
         """FLOPs per cycle and core at the full vector width: lanes x FMA units x 2."""
         return self.vector_lanes(dtype_bits) * self.fma_units * 2

@@ -81,8 +81,8 @@ def _measure(canonical: str, seconds: float) -> float:
     if target.kind != "llvm" or not target.is_host:
         raise TargetError(f"the FMA peak of {canonical!r} cannot be measured here: it is not this machine")
     lanes = max(1, target.vector_lanes(32))
-    # independent chains: FMA latency (4 cycles on the cores cuvil knows) x pipes, within the register file
-    chains = max(1, min(target.vector_registers - 2, 4 * max(1, target.fma_units) * 2))
+    # independent chains: twice FMA latency x pipes, within the register file
+    chains = max(1, min(target.vector_registers - 2, target.fma_latency * max(1, target.fma_units) * 2))
     llvm_binding()
     mod = llvm.parse_assembly(_ir(target, lanes, chains))
     mod.verify()

@@ -23,8 +23,6 @@ from typing import Any
 import numpy as np
 
 _KERNEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)  # k_checked
-# products per packed dot-product call (cuvil.ir.expr): four bytes, two 16-bit integers, two bfloat16
-_PACKED = {"dot4_u8s8": 4, "dot4_u8u8": 4, "dot4_s8s8": 4, "dot2_i16": 2, "dot2_bf16": 2}
 
 
 def contraction_flops(args: list[Any]) -> tuple[float, str]:
@@ -32,7 +30,7 @@ def contraction_flops(args: list[Any]) -> tuple[float, str]:
     ``args``): 2 x their multiply-adds, a packed dot product counting each of its products, and the
     kind of those products (``"fp32"``, ``"int8"``, ``"bf16"``; ``""`` without a contraction).  A
     Winograd convolution counts its tile contraction, fewer than the direct convolution's."""
-    from cuvil.ir.expr import Cast
+    from cuvil.ir.expr import DOT2_BF16, DOT2_I16, DOT4_KINDS, Cast
     from cuvil.schedule.axes import const_int
     from cuvil.schedule.contraction import product_operands
     from cuvil.te.tensor import ComputeOp, Tensor
@@ -54,9 +52,10 @@ def contraction_flops(args: list[Any]) -> tuple[float, str]:
         src = op.body.source
         while isinstance(src, Cast):
             src = src.value
-        per = _PACKED.get(getattr(src, "name", ""), 1)
+        name = getattr(src, "name", "")  # a packed dot product counts each of its products
+        per = 4 if name in DOT4_KINDS else 2 if name in (DOT2_I16, DOT2_BF16) else 1
         total += 2.0 * per * math.prod(ext)  # type: ignore[arg-type]
-        kind = kind or ("bf16" if per == 2 and src.name == "dot2_bf16" else "int8" if per > 1 else
+        kind = kind or ("bf16" if name == DOT2_BF16 else "int8" if per > 1 else
                         "fp32" if op.dtype == "float32" else op.dtype)
     return total, kind
 

@@ -183,7 +183,7 @@ class AutoScheduler(PlainStrategies):
     def _wants_more_chains(self, c: Contraction, op: Any, mr: int, nv: int, regs: int) -> bool:
         """Whether a tile of ``mr`` x ``nv`` vectors has too few accumulators for the target's FMA pipes
         and should take the most rows the register file holds (beside ``nv`` operand vectors and the
-        broadcast).  A tile wants 1.5 x pipes x FMA latency (4) independent accumulators: on a Zen 4
+        broadcast).  A tile wants 1.5 x pipes x FMA latency (Target.fma_latency) independent accumulators: on a Zen 4
         running AVX2 code, 8 (= 2 pipes x 4) reach 93% of the FMA rate and 12 all of it (a loop of bare
         FMAs), and whole AVX2 kernels gain 1.11-1.19x with 12 (6 x 2: matmuls 128-512 x 768 x 768-3072, 1x1
         convolutions 1024 -> 256 @14).  Only for a single reduction loop whose columns are the output's
@@ -193,7 +193,7 @@ class AutoScheduler(PlainStrategies):
         pipes (four, Neoverse V1: 95% of the FMA bound in llvm-mca); unchanged there."""
         if regs >= 32 or op is None or _reduction_loops(c) != 1 or c.j is not op.axis[-1]:
             return False
-        want = -(-3 * max(1, self.target.fma_units) * 4 // 2)
+        want = -(-3 * max(1, self.target.fma_units) * self.target.fma_latency // 2)
         return mr * nv < want and (regs - nv - 1) // nv > mr
 
     def _tile_sizes(self, c: Contraction, dtype: str, op: Any = None) -> tuple[int, int]:
