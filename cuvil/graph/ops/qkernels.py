@@ -65,16 +65,6 @@ def dot_panel(target: Any) -> int:
     return 2 * lanes
 
 
-def pair_panel(target: Any) -> int:
-    """The int32 columns of a weight panel of 16-bit pairs (``dot2_i16``: ``vpmaddwd``) for an x86
-    ``target`` without an 8-bit dot product (two vectors of int32 lanes), 0 elsewhere."""
-    if target is None or getattr(target, "kind", "") != "llvm" or dot_panel(target):
-        return 0
-    if not str(getattr(target, "triple", "")).startswith("x86_64"):
-        return 0
-    return 2 * max(4, target.vector_bits // 32)
-
-
 def word_plan(target: Any) -> tuple[int, int]:
     """(reduction steps per int32 word, the weight panel's int32 columns) of ``target``'s integer
     contraction: (4, P) with an 8-bit dot product (``dot4``), (2, P) for 16-bit pairs (``dot2_i16``),
@@ -82,8 +72,9 @@ def word_plan(target: Any) -> tuple[int, int]:
     panel = dot_panel(target)
     if panel:
         return 4, panel
-    panel = pair_panel(target)
-    return (2, panel) if panel else (0, 0)
+    if target is not None and getattr(target, "kind", "") == "llvm" and str(target.triple).startswith("x86_64"):
+        return 2, 2 * max(4, target.vector_bits // 32)  # vpmaddwd: SSE2 and later, two vectors of int32 lanes
+    return 0, 0
 
 
 PAIRS = ("i16", True, False, 0)  # the plan of a 16-bit pair contraction: no signs, no flip, nothing to add back
