@@ -40,7 +40,7 @@ def _unfused(sess: object, feeds: dict[str, np.ndarray], threads: int) -> object
     """The session's graph compiled with one kernel per node: a function running it on ``feeds``."""
     from cuvil.graph.compile import compile_graph
 
-    known = {k: feeds[k] for k in sess._specialised}
+    known = {k: feeds[k] for k in sess._compiler.specialised}
     shapes = {k: v.shape for k, v in feeds.items() if k not in known}
     prog = compile_graph(sess._graph, shapes, known, sess.target, fuse=False)
     if prog.module is not None:
@@ -108,7 +108,7 @@ def main() -> int:
             print(f"{name:<14}{compile_s:>10.1f}{th:>5}{tc * 1e3:>10.2f}{to * 1e3:>9.2f}{to / tc:>11.2f}{extra}",
                   flush=True)
             if args.profile:
-                (prog,) = sess._cache.values()
+                (prog,) = sess.programs()
                 print(prog.profile(feeds).table(args.profile_rows), flush=True)
     return 0 if ok else 1
 

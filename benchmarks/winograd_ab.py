@@ -1,5 +1,5 @@
 """Winograd convolutions on vs off on one registry model's ONNX path: the same session compiled twice
-(``cuvil.graph.ops.nn.WINOGRAD`` True / False), outputs compared, then timed call by call in alternation.
+(``CompileOptions(winograd=True)`` / ``winograd=False``), outputs compared, then timed call by call in alternation.
 
     python benchmarks/winograd_ab.py resnet18 [rounds, default 15]
 
@@ -16,9 +16,9 @@ import numpy as np
 
 
 def main() -> None:
-    import cuvil.graph.ops.nn as nn
     import cuvil.onnx
     from cuvil import registry
+    from cuvil.options import CompileOptions
 
     name = sys.argv[1] if len(sys.argv) > 1 else "resnet18"
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 15
@@ -26,12 +26,10 @@ def main() -> None:
     feeds = registry.example_inputs(name, "full")
     sessions, outputs = {}, {}
     for on in (True, False):
-        nn.WINOGRAD = on
         t = time.time()
-        sessions[on] = cuvil.onnx.InferenceSession(path, num_threads=1)
+        sessions[on] = cuvil.onnx.InferenceSession(path, num_threads=1, options=CompileOptions(winograd=on))
         outputs[on] = sessions[on].run(None, feeds)
         print(f"winograd {'on' if on else 'off'}: compile and first run {time.time() - t:.1f} s", flush=True)
-    nn.WINOGRAD = True
     diff = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs[True], outputs[False]))
     print(f"largest |on - off| over the outputs: {diff:.3g}")
     times: dict[bool, list[float]] = {True: [], False: []}

@@ -33,6 +33,7 @@ _LAZY = {
     "lower": ("cuvil.pipeline", "lower"),
     "build": ("cuvil.pipeline", "build"),
     "Target": ("cuvil.target", "Target"),
+    "CompileOptions": ("cuvil.options", "CompileOptions"),
     "auto_schedule": ("cuvil.schedule.auto", "auto_schedule"),
     "compile": ("cuvil.decorator", "compile"),
     "runtime": ("cuvil.runtime", None),
@@ -57,8 +58,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "ArgumentError", "BoundsError", "CuvilError", "DTypeError", "IslBudgetError", "ModelError", "ScheduleError",
-    "ShapeError",
-    "TargetError", "UnsupportedOpError", "Target", "__version__", "auto_schedule", "autotune", "build", "compile",
-    "get_num_threads", "lower", "runtime", "set_num_threads", "te",
+    "ArgumentError", "BoundsError", "CompileOptions", "CuvilError", "DTypeError", "IslBudgetError", "ModelError",
+    "ScheduleError", "ShapeError", "Target", "TargetError", "UnsupportedOpError", "__version__", "auto_schedule",
+    "autotune", "build", "compile", "get_num_threads", "lower", "runtime", "set_num_threads", "te",
 ]

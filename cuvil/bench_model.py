@@ -126,25 +126,18 @@ def resolve(name: str, workdir: str, shapes: dict[str, tuple[int, ...]] | None =
 # -- compiling ------------------------------------------------------------------------------------
 
 
-def compile_model(path: str, feeds: dict[str, np.ndarray], target: str = "llvm", tuning_db: Any = None) -> Any:
-    """The model at ``path`` compiled as an InferenceSession compiles it (graph passes, then one kernel
-    per node group) for the shapes of ``feeds``; specialised on the values of inputs that decide a shape;
-    with ``tuning_db``, each kernel with a record replays its best schedule."""
+def compile_model(path: str, feeds: dict[str, np.ndarray], options: Any = None, tuning_db: Any = None) -> Any:
+    """The model at ``path`` compiled as an InferenceSession compiles it (:class:`cuvil.graph.driver.ModelCompiler`:
+    graph passes, then one kernel per node group) for the shapes of ``feeds``; specialised on the values of
+    inputs that decide a shape; with ``tuning_db``, each kernel with a record replays its best schedule.
+    ``options``: a :class:`cuvil.options.CompileOptions` or a target string.  Returns (the prepared graph,
+    the program)."""
     from cuvil.frontend.onnx import import_model
-    from cuvil.graph.compile import compile_graph, prepare
-    from cuvil.graph.ops.base import NeedsValue
+    from cuvil.graph.driver import ModelCompiler
+    from cuvil.options import CompileOptions
 
-    graph = prepare(import_model(path))
-    known: dict[str, np.ndarray] = {}
-    while True:
-        shapes = {n: a.shape for n, a in feeds.items() if n not in known}
-        try:
-            return graph, compile_graph(graph, shapes, known, target, tuning_db=tuning_db)
-        except NeedsValue as nv:
-            more = set(nv.inputs) - set(known)
-            if not more:
-                raise
-            known.update({n: feeds[n] for n in more})
+    mc = ModelCompiler(import_model(path), CompileOptions.of(options, tuning_db=tuning_db))
+    return mc.graph, mc.for_feeds(feeds)
 
 
 def _child() -> None:

@@ -98,7 +98,7 @@ def float_contractions(sess: Any) -> list[str]:
     """The float contractions cuvil's compiled programs of session ``sess`` run: the Conv / ConvTranspose /
     Gemm / MatMul graph nodes among the nodes of each kernel call (ONNX defines these on float tensors;
     integer contractions are other ops).  Reads the session's compiled programs."""
-    return [f"{op} {name!r}" for prog in sess._cache.values() if prog is not None
+    return [f"{op} {name!r}" for prog in sess.programs()
             for nodes in prog.call_nodes for op, name, *_ in nodes if op in FLOAT_CONTRACTIONS]
 
 

@@ -47,6 +47,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="bf16: contractions with constant weights (MatMul, Gemm, Conv) multiply in bfloat16 with "
                         "float32 accumulation on AVX512-BF16 (docs/precision.md); fp32 elsewhere")
+    add_option_flags(p)
     p = sub.add_parser("run", help="run an ONNX model on .npy inputs or random ones; print its outputs")
     p.add_argument("model", help="model.onnx")
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="one per model input")
@@ -61,6 +62,36 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="bf16: contractions with constant weights (MatMul, Gemm, Conv) multiply in bfloat16 with "
                         "float32 accumulation on AVX512-BF16 (docs/precision.md); fp32 elsewhere")
+    add_option_flags(p)
+
+
+def add_option_flags(p: Any) -> None:
+    """The compile options beyond --target and --precision (cuvil.options.CompileOptions)."""
+    p.add_argument("--no-winograd", action="store_true", help="every 3x3 convolution direct")
+    p.add_argument("--no-bounds-checks", action="store_true", help="no run-time checks of indices read from inputs")
+    p.add_argument("--no-fuse", action="store_true", help="one kernel per node")
+    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                   help="one of the scheduler's thresholds (cuvil.schedule.heuristics.Heuristics; default: derived "
+                        "from the target), e.g. --threshold winograd_min_tiles=1")
+
+
+def compile_options(args: argparse.Namespace) -> Any:
+    """The CompileOptions the command line asks for."""
+    from cuvil.errors import ArgumentError
+    from cuvil.options import CompileOptions
+
+    opts = CompileOptions(target=args.target, precision=args.precision, winograd=not args.no_winograd,
+                          bounds_checks=not args.no_bounds_checks, fuse=not args.no_fuse)
+    changes: dict[str, Any] = {}
+    for item in args.threshold:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ArgumentError(f"--threshold {item!r}: expected NAME=VALUE")
+        try:
+            changes[name] = float(value) if "." in value else int(value)
+        except ValueError:
+            raise ArgumentError(f"--threshold {item!r}: {value!r} is not a number") from None
+    return opts.with_heuristics(**changes) if changes else opts
 
 
 class _Progress:
@@ -81,8 +112,10 @@ class _Progress:
 
 
 def compile_cmd(args: argparse.Namespace) -> int:
+    from cuvil.errors import ShapeError
     from cuvil.frontend.onnx import import_model
-    from cuvil.graph.compile import check_supported, compile_graph, prepare
+    from cuvil.graph.compile import check_supported
+    from cuvil.graph.driver import ModelCompiler
     from cuvil.graph.passes import graph_str
 
     path = args.model or default_model()
@@ -90,9 +123,10 @@ def compile_cmd(args: argparse.Namespace) -> int:
     so = bool(args.output) and args.output.endswith(".so")
     if args.output:
         _check_writable(args.output)
+    options = compile_options(args)
     print(f"compiling {path}")
     t0 = time.perf_counter()
-    imported = graph = import_model(path)
+    graph = import_model(path)
     check_supported(graph)
     # the shapes of every signature, checked before compiling anything: a .so needs every symbolic
     # dimension from --shapes; otherwise what --shapes leaves open is 1
@@ -101,6 +135,7 @@ def compile_cmd(args: argparse.Namespace) -> int:
     n_imported = len(graph.nodes)
     dump = None
     if args.dump:
+        print(f"== options\n{options}")
         print(f"== imported\n{graph_str(graph)}")
 
         last = [graph_str(graph)]
@@ -110,7 +145,8 @@ def compile_cmd(args: argparse.Namespace) -> int:
             print(f"== after {name}" + (" (unchanged)" if text == last[0] else f"\n{text}"))
             last[0] = text
 
-    graph = prepare(graph, dump=dump)
+    compiler = ModelCompiler(graph, options, dump=dump)
+    graph = compiler.graph
     if args.dump:
         from cuvil.graph.fuse import fusion_groups, groups_str
 
@@ -120,10 +156,13 @@ def compile_cmd(args: argparse.Namespace) -> int:
         print(f"  {note}")
     bar = _Progress() if not args.dump and sys.stderr.isatty() else None
     try:
-        prog = compile_graph(graph, shapes, {}, args.target, progress=bar, precision=args.precision)
+        prog = compiler.program(shapes, progress=bar)
     finally:
         if bar is not None:
             bar.close()
+    if prog is None:
+        raise ShapeError(f"the value of input(s) {', '.join(sorted(compiler.specialised))} decides a shape in "
+                         "this model: it compiles for given values only (cuvil run --input)")
     dt = time.perf_counter() - t0
     if args.dump:
         print(dump_calls(prog, loops=args.dump == "loops"))
@@ -135,7 +174,7 @@ def compile_cmd(args: argparse.Namespace) -> int:
         from cuvil.onnx import InferenceSession
 
         t0 = time.perf_counter()
-        sess = InferenceSession.from_graph(imported, target=args.target, precision=args.precision)
+        sess = InferenceSession.from_compiler(compiler)  # the signature compiled above is not compiled again
         sigs = [s for s, _ in shapes_per_sig]
         written = sess.export_library(args.output, input_shapes=sigs[0] if len(sigs) == 1 else sigs)
         print(f"wrote {written} and {written[:-3]}.h in {time.perf_counter() - t0:.1f} s")
@@ -332,7 +371,7 @@ def run_cmd(args: argparse.Namespace) -> int:
         for v in missing:
             print(f"input {v.name}: random {feeds[v.name].dtype}{list(feeds[v.name].shape)}, "
                   f"{describe_random(graph, v.name)}")
-    sess = cuvil.onnx.InferenceSession.from_graph(graph, target=args.target, precision=args.precision)
+    sess = cuvil.onnx.InferenceSession.from_graph(graph, options=compile_options(args))
     t0 = time.perf_counter()
     outs = sess.run(None, feeds)
     dt = time.perf_counter() - t0

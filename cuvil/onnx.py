@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,11 +39,15 @@ from cuvil.errors import (
     TargetError,
     UnsupportedOpError,
 )
+from cuvil.options import CompileOptions
 from cuvil.runtime.call import check_feed_names
 
-__all__ = ["ArgumentError", "CuvilError", "DTypeError", "GraphOptimizationLevel", "InferenceSession", "IslBudgetError",
-           "ModelError", "ModelMetadata", "NodeArg", "ScheduleError", "SessionOptions", "ShapeError", "TargetError",
-           "UnsupportedOpError"]
+if TYPE_CHECKING:
+    from cuvil.graph.driver import ModelCompiler
+
+__all__ = ["ArgumentError", "CompileOptions", "CuvilError", "DTypeError", "GraphOptimizationLevel", "InferenceSession",
+           "IslBudgetError", "ModelError", "ModelMetadata", "NodeArg", "ScheduleError", "SessionOptions", "ShapeError",
+           "TargetError", "UnsupportedOpError"]
 
 
 @dataclass(frozen=True)
@@ -158,85 +162,123 @@ def _read_options(opts: Any) -> tuple[int | None, GraphOptimizationLevel, bool, 
 class InferenceSession:
     """Compile an ONNX model (path, bytes or ModelProto) for ``target`` and run it like onnxruntime."""
 
-    def __init__(self, path_or_bytes: Any, sess_options: Any = None, providers: Any = None, target: str = "llvm",
-                 num_threads: int | None = None, tuning_db: Any = None, bounds_checks: bool = True,
-                 precision: str = "fp32", **kwargs: Any):
+    def __init__(self, path_or_bytes: Any, sess_options: Any = None, providers: Any = None, target: str | None = None,
+                 num_threads: int | None = None, tuning_db: Any = None, bounds_checks: bool | None = None,
+                 precision: str | None = None, options: CompileOptions | None = None, **kwargs: Any):
         from cuvil.frontend.onnx import import_model, load_model
-
-        self.bounds_checks = bool(bounds_checks)  # False: no run-time index checks (docs/onnx.md)
-        self.precision = precision  # "bf16": contractions with constant weights in bfloat16 (docs/precision.md)
 
         model = load_model(path_or_bytes)
         graph = import_model(model)
         self._meta = ModelMetadata(model.producer_name, model.graph.name, model.domain, model.doc_string,
                                    model.graph.doc_string, model.model_version,
                                    {p.key: p.value for p in model.metadata_props})
-        self._setup(graph, target, num_threads, tuning_db, sess_options)
+        self._setup(graph, num_threads, sess_options, options, target=target, tuning_db=tuning_db,
+                    bounds_checks=bounds_checks, precision=precision)
 
     @classmethod
-    def from_graph(cls, graph: Any, target: str = "llvm", num_threads: int | None = None,
-                   tuning_db: Any = None, sess_options: Any = None, bounds_checks: bool = True,
-                   precision: str = "fp32") -> InferenceSession:
+    def from_graph(cls, graph: Any, target: str | None = None, num_threads: int | None = None,
+                   tuning_db: Any = None, sess_options: Any = None, bounds_checks: bool | None = None,
+                   precision: str | None = None, options: CompileOptions | None = None) -> InferenceSession:
         """A session over an imported :class:`cuvil.graph.ir.Graph` (what the PyTorch front end
         hands over): the same compilation per signature, runs and ``.so`` export."""
         self = cls.__new__(cls)
-        self.bounds_checks = bool(bounds_checks)
-        self.precision = precision
         self._meta = ModelMetadata(graph_name=graph.name)
-        self._setup(graph, target, num_threads, tuning_db, sess_options)
+        self._setup(graph, num_threads, sess_options, options, target=target, tuning_db=tuning_db,
+                    bounds_checks=bounds_checks, precision=precision)
         return self
 
-    def _setup(self, graph: Any, target: str, num_threads: int | None, tuning_db: Any,
-               sess_options: Any = None) -> None:
-        from cuvil.graph.compile import check_supported, prepare
-        from cuvil.graph.passes import PASSES
+    @classmethod
+    def from_compiler(cls, compiler: ModelCompiler, num_threads: int | None = None) -> InferenceSession:
+        """A session over a :class:`cuvil.graph.driver.ModelCompiler` and the programs it holds (``cuvil
+        compile -o model.so`` exports what it compiled, without compiling it again)."""
+        self = cls.__new__(cls)
+        self._meta = ModelMetadata(graph_name=compiler.graph.name)
+        self._start(compiler, num_threads, None)
+        return self
 
-        threads, self._level, self._profiling, self._profile_prefix = _read_options(sess_options)
+    def _setup(self, graph: Any, num_threads: int | None, sess_options: Any, options: CompileOptions | None,
+               **given: Any) -> None:
+        from cuvil.graph.driver import ModelCompiler
+        from cuvil.graph.ops.bf16 import resolve_precision
+        from cuvil.target import Target
+
+        threads, level, self._profiling, self._profile_prefix = _read_options(sess_options)
         if threads is not None and num_threads is not None and threads != num_threads:
             raise ArgumentError(f"num_threads={num_threads} and sess_options.intra_op_num_threads={threads} "
                                 "disagree; give one")
         num_threads = num_threads if num_threads is not None else threads
+        if options is not None and not isinstance(options, CompileOptions):
+            raise ArgumentError(f"options must be a cuvil.options.CompileOptions, got {type(options).__name__}")
+        opts = CompileOptions.of(options, **given)
+        if level in _LEVEL_PASSES:  # below ORT_ENABLE_EXTENDED: some passes, one kernel per node
+            opts = opts.replace(passes=_LEVEL_PASSES[level], fuse=False)
+        # fp32, with a warning, on a target without the feature
+        opts = opts.replace(precision=resolve_precision(opts.precision, Target(opts.target)))
+        self._level = level
+        self._start(ModelCompiler(graph, opts), num_threads, sess_options)
+
+    def _start(self, compiler: ModelCompiler, num_threads: int | None, sess_options: Any) -> None:
+        if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
+                                        or num_threads < 1):
+            raise ArgumentError(f"num_threads must be a positive int or None, got {num_threads!r}")
+        if not hasattr(self, "_profiling"):
+            self._profiling, self._profile_prefix = False, "cuvil_profile"
+            self._level = GraphOptimizationLevel.ORT_ENABLE_ALL
         self._sess_options = sess_options
         self._events: list[dict[str, Any]] = []
         self._profile_start_ns = time.time_ns()
         self._profile_t0 = time.perf_counter()
-        if tuning_db is not None and not isinstance(tuning_db, (str, os.PathLike)) and not hasattr(tuning_db, "best"):
-            raise ArgumentError("tuning_db must be a path or a cuvil.autotune.Database, got "
-                                f"{type(tuning_db).__name__}")
-        self.tuning_db = tuning_db  # each kernel replays its best record (cuvil.autotune), if there is one
-        if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
-                                        or num_threads < 1):
-            raise ArgumentError(f"num_threads must be a positive int or None, got {num_threads!r}")
-        self.target = target
         self.num_threads = num_threads
-        from cuvil.graph.ops.bf16 import resolve_precision
-        from cuvil.target import Target
-
-        self.precision = resolve_precision(self.precision, Target(target))  # fp32, with a warning, without the feature
-        # every unsupported op at once, before compiling anything; then the graph passes (identities,
-        # BatchNorm folded into convs, layout, duplicates, dead nodes): once, for every signature
-        if self._level in _LEVEL_PASSES:
-            check_supported(graph)
-            for name, p in PASSES:
-                if name in _LEVEL_PASSES[self._level]:
-                    graph = p(graph)
-            self._graph = graph
-        else:
-            self._graph = prepare(graph)
-        self._fuse = self._level >= GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        self._compiler = compiler
+        compiler.on_compiled = self._adopt
+        for _, _, prog in compiler.programs():
+            self._adopt(prog)
+        self._graph = compiler.graph
         self._feeds = self._graph.feeds
         # each input's (name, dtype, static shape) for the quick check of a well-formed feed
         self._quick = [(v.name, np.dtype(v.dtype), tuple(v.shape)) for v in self._feeds
                        if v.shape is not None and all(isinstance(d, int) for d in v.shape)]
         if len(self._quick) != len(self._feeds):
             self._quick = []  # symbolic sizes: every run takes the full check
-        self._specialised: set[str] = set()
-        self._cache: dict[tuple, Any] = {}
         self._by_shapes: dict[tuple, Any] = {}  # input shapes -> program, while no input is specialised on
         self._lock = threading.Lock()
         static = {v.name: v.shape for v in self._feeds}
         if all(s is not None and all(isinstance(d, int) for d in s) for s in static.values()):
-            self._compiled({n: tuple(s) for n, s in static.items()}, {}, allow_defer=True)  # type: ignore[arg-type]
+            compiler.program({n: tuple(s) for n, s in static.items()})  # type: ignore[arg-type]  (None: deferred)
+
+    def _adopt(self, prog: Any) -> None:
+        """A newly compiled program runs on the session's threads."""
+        if prog.module is not None:
+            prog.module.session_threads = self.num_threads
+            if self.num_threads is not None:
+                prog.module._set_threads(self.num_threads)
+
+    def programs(self) -> list[Any]:
+        """The programs (:class:`cuvil.graph.compiled.CompiledGraph`) compiled so far, one per signature."""
+        return [prog for _, _, prog in self._compiler.programs()]
+
+    @property
+    def options(self) -> CompileOptions:
+        """The compile options (target, precision, thresholds, ...) every signature is compiled with."""
+        return self._compiler.options
+
+    @property
+    def target(self) -> str:
+        return self._compiler.options.target
+
+    @property
+    def precision(self) -> str:
+        """"fp32" or "bf16" (contractions with constant weights in bfloat16, docs/precision.md; fp32 with a
+        warning on a target without the feature)."""
+        return self._compiler.options.precision
+
+    @property
+    def bounds_checks(self) -> bool:
+        return self._compiler.options.bounds_checks
+
+    @property
+    def tuning_db(self) -> Any:
+        return self._compiler.options.tuning_db
 
     # -- onnxruntime's introspection -------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
@@ -312,7 +354,7 @@ class InferenceSession:
         """One line per kernel of the programs compiled so far that took a plainer schedule than planned
         (isl's operation bound, a strategy the scheduler could not apply); also logged on the
         ``cuvil.schedule`` logger when it happens."""
-        return [f for prog in self._cache.values() if prog is not None for f in prog.fallbacks]
+        return [f for _, _, prog in self._compiler.programs() for f in prog.fallbacks]
 
     # -- running ---------------------------------------------------------------------------
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None,
@@ -335,16 +377,10 @@ class InferenceSession:
                 raise ArgumentError(f"{n!r} is not an output of the model; outputs: {', '.join(names)}")
         fast = self._by_shapes
         sig = tuple(a.shape for a in feeds.values())
-        prog = fast.get(sig) if not self._specialised else None
+        prog = fast.get(sig) if not self._compiler.specialised else None
         if prog is None:
-            shapes = {n: a.shape for n, a in feeds.items()}
-            while True:
-                try:
-                    prog = self._compiled(shapes, {n: feeds[n] for n in self._specialised})
-                    break
-                except _Retry:
-                    continue  # an input decides a shape: specialise on its value too
-            if not self._specialised:
+            prog = self._compiler.for_feeds(feeds)  # an input that decides a shape: specialised on its value
+            if not self._compiler.specialised:
                 fast[sig] = prog
         out = None if outputs is None else self._check_outputs(prog, output_names, outputs, feeds)
         if self._profiling:
@@ -423,54 +459,21 @@ class InferenceSession:
         """
         from cuvil.graph.export import export_graph, resolve_signatures
 
-        ran_with = [dict(shapes) for (shapes, values), prog in self._cache.items() if prog is not None and not values]
+        ran_with = [shapes for shapes, values, _ in self._compiler.programs() if not values]
         signatures, sizes = resolve_signatures(self._feeds, dict(input_shapes) if isinstance(input_shapes, Mapping)
                                                else input_shapes, ran_with)
         progs = []
         for shapes in signatures:
-            try:
-                prog = self._compiled(shapes, {}) if not self._specialised else None
-            except _Retry:
-                prog = None
+            prog = self._compiler.program(shapes)
             if prog is None:
-                raise ShapeError(f"the value of input(s) {', '.join(sorted(repr(n) for n in self._specialised))} "
+                names = ", ".join(sorted(repr(n) for n in self._compiler.specialised))
+                raise ShapeError(f"the value of input(s) {names} "
                                  "decides a shape in this model; a library is compiled for input shapes only, so "
                                  "this model cannot be exported")
             progs.append(prog)
         return export_graph(progs, self._feeds, signatures, path, self.target, sizes=sizes,
                             declared_outputs={v.name: v.shape for v in self._graph.outputs}, prefix=prefix, cc=cc,
                             name=self._graph.name)
-
-    def _compiled(self, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray],
-                  allow_defer: bool = False) -> Any:
-        from cuvil.graph.compile import compile_graph
-        from cuvil.graph.ops.base import NeedsValue
-
-        with self._lock:
-            while True:
-                key = (tuple(sorted((n, tuple(s)) for n, s in shapes.items())),
-                       tuple(sorted((n, np.asarray(v).tobytes()) for n, v in known.items())))
-                if key in self._cache:
-                    return self._cache[key]
-                runtime_shapes = {n: s for n, s in shapes.items() if n not in known}
-                try:
-                    prog = compile_graph(self._graph, runtime_shapes, known, self.target, tuning_db=self.tuning_db,
-                                         fuse=self._fuse, bounds_checks=self.bounds_checks,
-                                         precision=self.precision)
-                except NeedsValue as nv:
-                    feeds_needed = set(nv.inputs) - set(known)
-                    if not feeds_needed:
-                        raise ShapeError(str(nv)) from None
-                    self._specialised |= feeds_needed
-                    if allow_defer:
-                        return None  # compiled on the first run, with the values fed
-                    raise _Retry(feeds_needed) from None
-                if prog.module is not None:
-                    prog.module.session_threads = self.num_threads
-                    if self.num_threads is not None:
-                        prog.module._set_threads(self.num_threads)
-                self._cache[key] = prog
-                return prog
 
     def _quick_feeds(self, input_feed: Any) -> dict[str, np.ndarray] | None:
         """``input_feed`` as it is when it is a dict of exactly the inputs, each a numpy array of its
@@ -519,7 +522,3 @@ class InferenceSession:
                         symbols.setdefault(want, (got, n))
             feeds[n] = a
         return feeds
-
-
-class _Retry(Exception):
-    pass

@@ -11,7 +11,8 @@ from reference import assert_bounded, budget, gamma
 
 import cuvil
 from cuvil import te
-from cuvil.schedule.auto import PARALLEL_MIN_WORK, auto_schedule, find_contraction, knob_space
+from cuvil.schedule.auto import auto_schedule, find_contraction, knob_space
+from cuvil.schedule.heuristics import Heuristics
 from cuvil.te import ops
 
 rng = np.random.default_rng(0)
@@ -44,7 +45,8 @@ def test_matmul_sizes(m, n, k):
     _close(c, a.astype(np.float64) @ b, k, np.abs(a) @ np.abs(b))
     ops_used = {st.op for st in s.trace}
     assert {"cache_write", "compute_at", "vectorize", "unroll"} <= ops_used
-    assert ("parallel" in ops_used) == (m * n * k >= PARALLEL_MIN_WORK)  # small ones stay on one thread
+    threshold = Heuristics.for_target("llvm").parallel_min_work
+    assert ("parallel" in ops_used) == (m * n * k >= threshold)  # small ones stay on one thread
     if k * n >= 64 * 1024:
         assert "cache_read" in ops_used  # B packed into panels
 

@@ -126,7 +126,7 @@ def _model(node: onnx.NodeProto, inputs: dict[str, tuple[int, ...]], consts: dic
 
 
 def _asm(sess: cuvil.onnx.InferenceSession) -> str:
-    return "".join(p.module.get_source("asm") for p in sess._cache.values() if p is not None)
+    return "".join(p.module.get_source("asm") for p in sess.programs())
 
 
 def _conv_ref(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -254,7 +254,8 @@ def test_fp32_is_the_default_and_bad_precisions_are_refused():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert cuvil.onnx.InferenceSession(model).precision == "fp32"
-    for bad in ("fp16", "BF16", None, 16):
+    assert cuvil.onnx.InferenceSession(model, precision=None).precision == "fp32"  # None: not given, the default
+    for bad in ("fp16", "BF16", 16):
         with pytest.raises(ArgumentError, match="precision must be one of 'fp32', 'bf16'"):
             cuvil.onnx.InferenceSession(model, precision=bad)
 

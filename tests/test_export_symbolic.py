@@ -218,7 +218,7 @@ def test_a_kernel_equal_in_two_signatures_is_linked_once(tmp_path):
                 helper.make_tensor_value_info("u", TensorProto.FLOAT, [16, 16])])
     s = connx.InferenceSession(m)
     shapes = [{"x": (n, 8), "t": (16, 16)} for n in BATCHES]
-    progs = [s._compiled(sh, {}) for sh in shapes]
+    progs = [s._compiler.program(sh) for sh in shapes]
     assert [len(p.kernel_funcs) for p in progs] == [2, 2]
     assert kernel_names(progs) == [{"k0": "s0.k0", "k1": "s0.k1"}, {"k0": "s1.k0", "k1": "s0.k1"}]
     mod, entries = _linked_modules(progs, s.target, renamed=True)
@@ -299,7 +299,7 @@ def test_a_kernel_inlined_into_its_signature_is_not_shared():
                [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8]),
                 helper.make_tensor_value_info("u", TensorProto.FLOAT, [256, 256])], [numpy_helper.from_array(w, "w")])
     s = connx.InferenceSession(m)
-    progs = [s._compiled({"x": (n, 8), "t": (256, 256)}, {}) for n in BATCHES]
+    progs = [s._compiler.program({"x": (n, 8), "t": (256, 256)}) for n in BATCHES]
     mod, _ = _linked_modules(progs, s.target, renamed=True)
     names = [v.name for v in (*mod.functions, *mod.global_variables) if not v.is_declaration]
     assert any(n.endswith(".num_threads") for n in names), names  # the matmul has a parallel loop

@@ -179,7 +179,7 @@ def test_constant_gather_folds_at_compile_time() -> None:
     _check(m, {"x": x})
     s = connx.InferenceSession(m.SerializeToString())
     s.run(None, {"x": x})
-    (prog,) = s._cache.values()
+    (prog,) = s.programs()
     assert prog.n_calls == 1
 
 
@@ -233,7 +233,7 @@ def test_einsum_of_constants_folds() -> None:
     _check(m, {"x": x}, rtol=1e-5)
     s = connx.InferenceSession(m.SerializeToString())
     s.run(None, {"x": x})
-    (prog,) = s._cache.values()
+    (prog,) = s.programs()
     assert prog.n_calls == 1
 
 

@@ -58,7 +58,7 @@ def test_one_native_call_per_run():
     s = connx.InferenceSession(_mlp())
     x = np.ones((2, 8), np.float32)
     s.run(None, {"x": x})
-    (prog,) = s._cache.values()
+    (prog,) = s.programs()
     assert prog.n_calls == 1 and prog.module is not None  # MatMul + Add + Relu: one fused kernel
     calls = []
     real = prog.module._fn
@@ -147,7 +147,7 @@ def test_reshape_shape_input_is_specialised_on_its_value():
         feeds = {"x": x, "s": np.array(shape, np.int64)}
         (z,) = s.run(None, feeds)
         np.testing.assert_array_equal(z, _ort(m, feeds)[0])
-    assert len(s._cache) == 2  # one compilation per distinct value
+    assert len(s.programs()) == 2  # one compilation per distinct value
 
 
 def test_num_threads_and_tuning_db_arguments(tmp_path):
@@ -223,7 +223,7 @@ def test_graph_optimization_levels_agree_with_onnxruntime(level):
         s = connx.InferenceSession(m, opts)
         for got, want in zip(s.run(None, {"x": x}), ref):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-        (prog,) = s._cache.values()
+        (prog,) = s.programs()
         ops = {label.split(" ")[0] for label in prog.labels}
         if level == "ORT_DISABLE_ALL":
             assert "BatchNormalization" in ops and not any("+" in o for o in ops), ops  # no folding, no fusion
@@ -266,7 +266,7 @@ def test_profiling_records_each_run_and_kernel_call(tmp_path, monkeypatch):
     path = s.end_profiling()
     assert path.startswith("prof_") and path.endswith(".json")
     events = json.loads((tmp_path / path).read_text())
-    (prog,) = s._cache.values()
+    (prog,) = s.programs()
     runs = [e for e in events if e["cat"] == "Session"]
     calls = [e for e in events if e["cat"] == "Node"]
     assert len(runs) == 2 and len(calls) == 2 * prog.n_calls

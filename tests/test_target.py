@@ -134,7 +134,7 @@ def test_constants_fold_on_this_machine_when_compiling_for_another():
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     arm = Target("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1")
     prog = compile_graph(prepare(import_model(model)), {"x": (1, 3, 4)}, {}, arm)
-    assert prog.target is arm and "fadd" in prog.module.get_source("asm")
+    assert prog.target.canonical == arm.canonical and "fadd" in prog.module.get_source("asm")
 
 
 @needs_x86

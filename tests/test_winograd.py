@@ -16,6 +16,7 @@ import cuvil.onnx  # noqa: E402
 from cuvil import te  # noqa: E402
 from cuvil.graph.ops import nn  # noqa: E402
 from cuvil.graph.ops.base import _dim_groups  # noqa: E402
+from cuvil.options import CompileOptions  # noqa: E402
 
 
 def _model(c: int, k: int, h: int, w: int, n: int = 1, bias: bool = True, relu: bool = True,
@@ -57,27 +58,20 @@ def _tolerance(x: np.ndarray, wt: np.ndarray, c: int) -> float:
     return 64 * math.sqrt(9 * c) * eps * float(np.abs(x).max()) * float(np.abs(wt).max())
 
 
-DEFAULT_MIN_TILES = nn.WINOGRAD_MIN_TILES
+SMALL_IMAGES = CompileOptions().with_heuristics(winograd_min_tiles=1)  # so small (fast to compile) images use it
 
 
-@pytest.fixture(autouse=True)
-def small_images(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Winograd from one tile on, so small (fast to compile) images exercise it."""
-    monkeypatch.setattr(nn, "WINOGRAD_MIN_TILES", 1)
-
-
-def test_too_few_tiles_stay_direct(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nn, "WINOGRAD_MIN_TILES", DEFAULT_MIN_TILES)
+def test_too_few_tiles_stay_direct() -> None:
     model, wt, b = _model(128, 128, 10, 10)  # 25 tiles: the slow case (YOLOv8n's 128-channel 10x10 convs)
     x = np.random.default_rng(4).standard_normal((1, 128, 10, 10)).astype(np.float32)
-    y, prog = _run(model, x)
+    y, prog = _run(model, x, CompileOptions())
     assert "wino_gemm" not in _stages(prog)
 
 
-def _run(model: bytes, x: np.ndarray) -> tuple[np.ndarray, object]:
-    s = cuvil.onnx.InferenceSession(model, num_threads=1)
+def _run(model: bytes, x: np.ndarray, options: CompileOptions = SMALL_IMAGES) -> tuple[np.ndarray, object]:
+    s = cuvil.onnx.InferenceSession(model, num_threads=1, options=options)
     y = s.run(None, {"x": x})[0]
-    return y, next(p for p in s._cache.values() if p is not None)
+    return y, s.programs()[0]
 
 
 def _stages(prog: object) -> str:
@@ -99,19 +93,18 @@ def test_winograd_matches_direct(c: int, k: int, h: int, w: int, n: int, bias: b
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=_tolerance(x, wt, c))
 
 
-def test_winograd_off_compiles_direct(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_winograd_off_compiles_direct() -> None:
     model, wt, b = _model(128, 128, 8, 8)
     x = np.random.default_rng(2).standard_normal((1, 128, 8, 8)).astype(np.float32)
     y_w, prog_w = _run(model, x)
-    monkeypatch.setattr(nn, "WINOGRAD", False)
-    y_d, prog_d = _run(model, x)
+    y_d, prog_d = _run(model, x, SMALL_IMAGES.replace(winograd=False))
     assert "wino_gemm" in _stages(prog_w) and "wino_gemm" not in _stages(prog_d)
     np.testing.assert_allclose(y_w, y_d, rtol=1e-4, atol=_tolerance(x, wt, 128))
 
 
 @pytest.mark.parametrize("c,k,h,stride", [(64, 64, 8, 1), (128, 128, 7, 1), (128, 128, 8, 2)])
 def test_convolutions_it_does_not_pay_for_stay_direct(c: int, k: int, h: int, stride: int) -> None:
-    """Fewer than WINOGRAD_MIN_CHANNELS channels, an odd output, a stride: direct."""
+    """Fewer than Heuristics.winograd_min_channels channels, an odd output, a stride: direct."""
     rng = np.random.default_rng(3)
     wt = rng.standard_normal((k, c, 3, 3)).astype(np.float32)
     g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], strides=[stride] * 2)],

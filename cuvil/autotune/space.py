@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from cuvil.schedule.heuristics import Heuristics
+
 Config = dict[str, dict[str, Any]]
 
 
@@ -38,9 +40,11 @@ def config_hash(cfg: Config) -> str:
 
 
 class Space:
-    """The knobs of one program for one target, with the facts its features need."""
+    """The knobs of one program for one target, with the facts its features need (``heuristics``: the
+    automatic scheduler's thresholds; None: the target's)."""
 
-    def __init__(self, args: Sequence[Any], target: Any = "llvm", threads: int = 1):
+    def __init__(self, args: Sequence[Any], target: Any = "llvm", threads: int = 1,
+                 heuristics: Heuristics | None = None):
         from cuvil.schedule.auto import AutoScheduler, default_knobs, knob_space
         from cuvil.schedule.axes import const_int
         from cuvil.schedule.schedule import Schedule
@@ -49,15 +53,15 @@ class Space:
 
         self.target = target if isinstance(target, Target) else Target(target)
         self.threads = max(1, int(threads))
-        self.knobs = knob_space(args, self.target)
+        self.knobs = knob_space(args, self.target, heuristics)
         if self.threads == 1:  # one thread: a parallel loop runs as a serial one, so that knob only doubles the
             # space (two configurations, one schedule); the scheduler's own choice stands
             self.knobs = {st: {k: v for k, v in kn.items() if k != "parallel"} for st, kn in self.knobs.items()}
             self.knobs = {st: kn for st, kn in self.knobs.items() if kn}
         outs = [a for a in args if isinstance(a, Tensor) and not isinstance(a.op, PlaceholderOp)]
         s = Schedule(outs)
-        sch = AutoScheduler(s, [s[o] for o in outs], self.target)
-        chosen = default_knobs(args, self.target)  # the untuned scheduler's own choices: trial 0
+        sch = AutoScheduler(s, [s[o] for o in outs], self.target, heuristics=heuristics)
+        chosen = default_knobs(args, self.target, heuristics)  # the untuned scheduler's own choices: trial 0
         self.facts: dict[str, dict[str, Any]] = {}
         self._default: Config = {}
         for st in s.compute_stages:

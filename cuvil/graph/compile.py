@@ -52,6 +52,7 @@ from cuvil.graph.ops.base import (
     t_shape,
 )
 from cuvil.graph.profile import contraction_flops
+from cuvil.options import CompileOptions
 from cuvil.schedule.fallback import first_line, scheduling
 
 __all__ = ["CompiledGraph", "check_supported", "clear_kernels", "compile_graph", "compile_model", "kernel_programs",
@@ -64,42 +65,46 @@ log = logging.getLogger("cuvil.schedule")
 
 
 def compile_model(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray] | None = None,
-                  target: Any = "llvm", **options: Any) -> CompiledGraph:
+                  options: CompileOptions | Any = None, dump: Any = None, **given: Any) -> CompiledGraph:
     """Compile an imported ``graph`` for inputs of ``shapes`` (fed at run time) and inputs of ``known``
-    values (specialised on): :func:`prepare` then :func:`compile_graph` (``options`` are its)."""
-    return compile_graph(prepare(graph, dump=options.pop("dump", None)), shapes, known or {}, target, **options)
+    values (specialised on): :func:`prepare` (the passes ``options`` name) then :func:`compile_graph`."""
+    opts = CompileOptions.of(options, **{k: v for k, v in given.items() if k not in ("progress", "on_kernel")})
+    return compile_graph(prepare(graph, dump=dump, passes=opts.passes), shapes, known or {}, opts,
+                         progress=given.get("progress"), on_kernel=given.get("on_kernel"))
 
 
-def prepare(graph: Graph, dump: Any = None) -> Graph:
-    """Steps 1-2: check that every op is supported, then run the graph passes (``dump(name, graph)``
-    is called after each pass)."""
+def prepare(graph: Graph, dump: Any = None, passes: Any = None) -> Graph:
+    """Steps 1-2: check that every op is supported, then run the graph passes (all, or those named in
+    ``passes``; ``dump(name, graph)`` is called after each pass)."""
     from cuvil.graph.passes import optimize
 
     check_supported(graph)
-    return optimize(graph, dump=dump)
+    return optimize(graph, dump=dump, names=passes)
 
 
 def compile_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray],
-                  target: Any = "llvm", progress: Any = None, fuse: bool = True, tuning_db: Any = None,
-                  on_kernel: Any = None, bounds_checks: bool = True, precision: str = "fp32") -> CompiledGraph:
-    """Steps 3-6 on a prepared graph.  With ``fuse``, each fusion group is one kernel; otherwise each
-    node is.  ``progress(done, total, node)`` is called per group; ``on_kernel(key, args, label)`` per
-    kernel call.  ``bounds_checks=False`` leaves out the run-time bounds checks (of indices read from
-    inputs: a Gather's).  ``precision="bf16"``: contractions with constant weights multiply in bfloat16
-    (cuvil/graph/ops/bf16.py; float32 with a warning on a CPU without AVX512-BF16).  Raises
-    ``NeedsValue`` when a builder needs a fed input's value."""
+                  options: CompileOptions | Any = None, progress: Any = None, on_kernel: Any = None,
+                  **given: Any) -> CompiledGraph:
+    """Steps 3-6 on a prepared graph, as ``options`` say (a :class:`cuvil.options.CompileOptions`, or a
+    target string; keyword arguments named like its fields replace them: ``fuse=False``).  With ``fuse``,
+    each fusion group is one kernel; otherwise each node is.  ``progress(done, total, node)`` is called per
+    group; ``on_kernel(key, args, label)`` per kernel call.  ``bounds_checks=False`` leaves out the run-time
+    bounds checks (of indices read from inputs: a Gather's).  ``precision="bf16"``: contractions with
+    constant weights multiply in bfloat16 (cuvil/graph/ops/bf16.py; float32 with a warning on a CPU without
+    AVX512-BF16).  Raises ``NeedsValue`` when a builder needs a fed input's value."""
     from cuvil.graph.fuse import Group, fusion_groups
     from cuvil.graph.memplan import lifetimes, plan_memory
+    from cuvil.graph.ops.bf16 import resolve_precision
     from cuvil.target import Target
 
+    opts = CompileOptions.of(options, **given).resolved()
     check_supported(graph)
-    from cuvil.graph.ops.bf16 import resolve_precision
-
-    c = _GraphCompiler(graph, shapes, known, Target(target), tuning_db, on_kernel, bounds_checks)
-    c.precision = resolve_precision(precision, c.target)
-    if c.precision != precision:
-        c.fallbacks.append(f"precision {precision} -> {c.precision}: the target lacks avx512bf16")
-    groups = fusion_groups(graph) if fuse else tuple(Group((k,)) for k in range(len(graph.nodes)))  # 3.
+    target = Target(opts.target)
+    precision = resolve_precision(opts.precision, target)
+    c = _GraphCompiler(graph, shapes, known, opts.replace(precision=precision), on_kernel)
+    if precision != opts.precision:
+        c.fallbacks.append(f"precision {opts.precision} -> {precision}: the target lacks avx512bf16")
+    groups = fusion_groups(graph) if opts.fuse else tuple(Group((k,)) for k in range(len(graph.nodes)))  # 3.
     done = 0
     for grp in groups:  # 4.
         nodes = [graph.nodes[k] for k in grp.members]
@@ -130,15 +135,16 @@ def check_supported(graph: Graph) -> None:
                                  f"{graph.opset}: {'; '.join(parts)}")
 
 
-def kernel_programs(graph: Graph, target: Any = "llvm", shapes: Mapping[str, tuple[int, ...]] | None = None,
-                    named: bool = False) -> list[Any]:
+def kernel_programs(graph: Graph, target: CompileOptions | Any = "llvm",
+                    shapes: Mapping[str, tuple[int, ...]] | None = None, named: bool = False) -> list[Any]:
     """The distinct kernels one run of an imported ``graph`` calls, each as (its te arguments, how many
     calls of it a run makes), with ``named`` also its :func:`kernel_name`: what ``cuvil tune`` tunes.
     Symbolic input dimensions need ``shapes``; the graph is compiled once on the way (folding its constants)."""
     from cuvil.errors import ShapeError
     from cuvil.graph.ops.base import NeedsValue
 
-    graph = prepare(graph)
+    opts = CompileOptions.of(target)
+    graph = prepare(graph, passes=opts.passes)
     static = {v.name: (tuple(shapes[v.name]) if shapes and v.name in shapes else v.shape) for v in graph.feeds}
     open_dims = [n for n, s in static.items() if s is None or not all(isinstance(d, int) for d in s)]
     if open_dims:
@@ -150,7 +156,7 @@ def kernel_programs(graph: Graph, target: Any = "llvm", shapes: Mapping[str, tup
         found.setdefault(key, [args, 0, kernel_name(key)])[1] += 1
 
     try:
-        compile_graph(graph, static, {}, target, on_kernel=on_kernel)  # type: ignore[arg-type]
+        compile_graph(graph, static, {}, opts, on_kernel=on_kernel)  # type: ignore[arg-type]
     except NeedsValue as exc:
         raise ShapeError(f"a shape of this model depends on the value of an input ({exc}): its kernels are "
                          "only known for given values; tune them one by one with cuvil.autotune.tune") from None
@@ -163,7 +169,7 @@ def kernel_name(key: tuple) -> str:
     packed copy of the weight the layout pass adds), then the ops fused after it, e.g.
     ``Conv 1x64x56x56 * 64x64x3x3 (+Add+Relu)``."""
     members = [m for m in key[1:] if isinstance(m, tuple)] if key[0] == "fused" else [key]  # (not the build's
-    # additions to a key: "unchecked", a tuning database)
+    # additions to a key: the options tag, a tuning database)
     first = members[0]  # (target, op type, opset, attrs, spec, values, outputs...): see _node_key
     dims, weight = [], False
     for e in first[4]:
@@ -213,8 +219,8 @@ def _node_key(ctx: NodeCtx, target: str) -> tuple:
     return (target, n.op_type, ctx.opset, attrs, spec, values, len(n.outputs)) + ((ctx.variant,) if ctx.variant else ())
 
 
-def lower_kernel(what: str, args: list[Any], placeholders: list[Any], target: Any, tuning_db: Any = None,
-                 bounds_checks: bool = True) -> tuple[Any, str | None]:
+def lower_kernel(what: str, args: list[Any], placeholders: list[Any], options: CompileOptions
+                 ) -> tuple[Any, str | None]:
     """The loop IR of one kernel (``what`` names its node or fused nodes in errors), and why it took a
     plainer schedule than the automatic one (None when it did not): the te order, or the strategies the
     automatic scheduler lost (its schedule's ``fallbacks``, already logged; alternatives it searched
@@ -225,10 +231,11 @@ def lower_kernel(what: str, args: list[Any], placeholders: list[Any], target: An
     from cuvil.errors import ScheduleError
 
     outputs = [a for a in args if not any(a is p for p in placeholders)]
+    target, tuning_db, bounds_checks = options.target, options.tuning_db, options.bounds_checks
     try:
         try:
             with scheduling(what):  # its fallbacks' log lines name the node
-                s = cuvil.auto_schedule(args, target)
+                s = cuvil.auto_schedule(args, target, heuristics=options.heuristics)
                 if tuning_db is not None:
                     from cuvil.autotune.replay import apply_best
 
@@ -277,11 +284,15 @@ class _GraphCompiler:
     the kernel calls in run order, and the fallbacks taken."""
 
     def __init__(self, graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray],
-                 target: Any, tuning_db: Any = None, on_kernel: Any = None, bounds_checks: bool = True):
+                 options: CompileOptions, on_kernel: Any = None):
+        from cuvil.target import Target
+
         self.graph = graph
-        self.bounds_checks = bounds_checks
-        self.target = target
-        self.tuning_db = tuning_db  # kernels replay their best tuning records (cuvil.autotune)
+        self.options = options  # resolved: the thresholds filled in
+        self.options_tag = "options " + hashlib.sha1(repr(options.key()).encode()).hexdigest()[:16]  # in every key
+        self.bounds_checks = options.bounds_checks
+        self.target = Target(options.target)
+        self.tuning_db = options.tuning_db  # kernels replay their best tuning records (cuvil.autotune)
         self.on_kernel = on_kernel  # called as on_kernel(key, args, label) for each kernel call the graph runs
         self.slots: list[Slot] = []
         self.calls: list[tuple[Any, tuple[int, ...]]] = []
@@ -289,7 +300,7 @@ class _GraphCompiler:
         self.call_nodes: list[tuple[Any, ...]] = []  # per call: (op type, name, inputs) of each member node
         self.call_flops: list[tuple[float, str]] = []  # per call: its contractions' work (profile.contraction_flops)
         self.fallbacks: list[str] = []
-        self.precision = "fp32"  # or "bf16" (set by compile_graph)
+        self.precision = options.precision  # "fp32" or "bf16" (resolved for the target by compile_graph)
         self._const_slot: dict[int, int] = {}
         self.env: dict[str, Entry] = dict(graph.initializers)
         for v in graph.inputs:
@@ -313,6 +324,7 @@ class _GraphCompiler:
         """Run ``node``'s builder: its context and one output per node output."""
         ctx = NodeCtx(node, entries, self.graph.opset, prefix)
         ctx.target = self.target
+        ctx.options = self.options
         ctx.precision = self.precision
         builder = builder_for(node.op_type, self.graph.opset)
         try:
@@ -365,7 +377,7 @@ class _GraphCompiler:
         except NotFusible:
             return False
         last = local[nodes[-1].outputs[0]]
-        last = dataclasses.replace(last, tensor=inline_elementwise(last.tensor))  # one epilogue stage
+        last = dataclasses.replace(last, tensor=inline_elementwise(last.tensor, self.options.heuristics))  # one stage
         key = ("fused",) + tuple(_node_key(ctx, self.target.canonical) for ctx in ctxs)
         label = f"{'+'.join(n.op_type for n in nodes)} {nodes[0].name!r}"
         try:
@@ -383,8 +395,7 @@ class _GraphCompiler:
         at run time, or run now when every input is known (its outputs become constants)."""
         placeholders = [(ctx, i, p) for ctx in ctxs for i, p in ctx.placeholders]
         args = [p for _, _, p in placeholders] + [t for t, _ in outs]
-        if not self.bounds_checks:
-            key = key + ("unchecked",)
+        key = key + (self.options_tag,)  # target, precision, bounds checks, Winograd, thresholds
         cached = True
         if self.tuning_db is not None:
             db = _db_key(self.tuning_db)
@@ -394,8 +405,7 @@ class _GraphCompiler:
         if func is None:
             func = kernel_cache.load(key) if cached else None
             if func is None:
-                func, why = lower_kernel(label, args, [p for _, _, p in placeholders], self.target, self.tuning_db,
-                                         self.bounds_checks)
+                func, why = lower_kernel(label, args, [p for _, _, p in placeholders], self.options)
                 if why is not None:
                     _FALLBACK_OF[key] = why
                 if cached:

@@ -25,12 +25,13 @@ Graph outputs keep their names: a pass that would rename a graph output keeps th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from cuvil.errors import ArgumentError
 from cuvil.graph.expand_rnn import expand_rnn
 from cuvil.graph.ir import Graph, Node
 from cuvil.graph.qdq import match_qdq
@@ -453,9 +454,18 @@ PASSES: tuple[tuple[str, Pass], ...] = (
 )
 
 
-def optimize(g: Graph, dump: Callable[[str, Graph], None] | None = None) -> Graph:
-    """``g`` after every pass of :data:`PASSES`, in order; ``dump(name, graph)`` sees each result."""
+def optimize(g: Graph, dump: Callable[[str, Graph], None] | None = None, names: Sequence[str] | None = None
+             ) -> Graph:
+    """``g`` after every pass of :data:`PASSES` (or those in ``names``), in order; ``dump(name, graph)`` sees
+    each result."""
+    if names is not None:
+        unknown = set(names) - {n for n, _ in PASSES}
+        if unknown:
+            raise ArgumentError(f"unknown graph pass(es) {', '.join(sorted(map(repr, unknown)))}; the passes: "
+                                + ", ".join(repr(n) for n, _ in PASSES))
     for name, p in PASSES:
+        if names is not None and name not in names:
+            continue
         g = p(g)
         if dump is not None:
             dump(name, g)

@@ -46,17 +46,9 @@ from cuvil.schedule.contraction import (
     find_contraction,  # noqa: F401  (re-exported: the tests and users look for it here)
 )
 from cuvil.schedule.fallback import REFUSED, fall_back
+from cuvil.schedule.heuristics import Heuristics
 from cuvil.schedule.schedule import Schedule, Stage
 from cuvil.te.tensor import ComputeOp, PlaceholderOp, Tensor
-
-PARALLEL_MIN_WORK = 1 << 20  # multiply-adds a contraction needs before its tile loop runs on threads (1M:
-# ~8 us at 1 thread; with spinning teams and grains, 127x255x63 at 2 threads 41 -> 32 us; 4M kept it serial)
-MATVEC_MIN_WORK = 1 << 18  # ... or, with one row (a matrix-vector product: an RNN step, a decode step), this
-# many: it streams its whole weight matrix through the cache once, and two cores' bandwidth halves that
-BIG_TILE_ROWS = 512  # rows from which a contraction gets the 6 x 4-vector register tile (see _tile_sizes)
-TALL_TILE_ROWS = 14  # rows of the tile over panels read by one reduction loop (see _tile_sizes)
-WIDE_ROW = 192  # output rows from which a window's tile takes filters, not pixels, in lanes (see _wide_rows)
-PACK_GAIN = 1.25  # how much more work per load a tile must get before an operand is packed to make it
 
 
 def _pos(seq: Sequence[Any], x: Any) -> int:
@@ -96,34 +88,33 @@ def _reused_by_reduction(s: Schedule, st: Stage) -> bool:
     return False
 
 
-STENCIL_TAPS = 4  # a padded stage an element-wise body reads at this many places stays a stage (a stencil)
-
-
-def pads_a_stencil(producer: ComputeOp, reader_body: Any) -> bool:
+def pads_a_stencil(producer: ComputeOp, reader_body: Any, taps: int) -> bool:
     """``producer`` is a padded copy (its body selects) that ``reader_body``, an element-wise body, reads
-    at ``STENCIL_TAPS`` or more places (the taps of a depthwise convolution written as a sum of taps).
+    at ``taps`` or more places (:attr:`Heuristics.stencil_taps`: the taps of a depthwise convolution
+    written as a sum of taps).
     Inlined, every tap tests the padding (a branch and a conditional load per tap and vector: 5x5
     depthwise 240@28 at 1 thread, 348 us); computed once, the taps are plain loads."""
     if not any(isinstance(n, E.Select) for n in walk(producer.body)):
         return False
     places = {tuple(str(ix) for ix in n.indices) for n in walk(reader_body)
               if isinstance(n, TensorRead) and n.tensor.op is producer}
-    return len(places) >= STENCIL_TAPS
+    return len(places) >= taps
 
 
-def _padding_under_taps(s: Schedule, st: Stage) -> bool:
-    return any(pads_a_stencil(st.op, r.op.body) for r in _readers(s, st) if not r.op.reduce_axis)
+def _padding_under_taps(s: Schedule, st: Stage, taps: int) -> bool:
+    return any(pads_a_stencil(st.op, r.op.body, taps) for r in _readers(s, st) if not r.op.reduce_axis)
 
 
 class AutoScheduler(PlainStrategies):
     def __init__(self, s: Schedule, outputs: list[Stage], target: Any,
-                 knobs: Mapping[str, Mapping[str, Any]] | None = None):
+                 knobs: Mapping[str, Mapping[str, Any]] | None = None, heuristics: Heuristics | None = None):
         from cuvil.target import Target
 
         self.s = s
         self.outputs = outputs
         self.target = Target(target)
         self.knobs = dict(knobs or {})  # stage name -> overrides of this scheduler's choices (see KNOBS)
+        self.heuristics = heuristics or Heuristics.for_target(self.target)  # the thresholds it decides by
         self.bits = max(128, self.target.vector_bits)
 
     def run(self) -> Schedule:
@@ -132,7 +123,7 @@ class AutoScheduler(PlainStrategies):
         for st in list(s.compute_stages):
             if any(st is o for o in self.outputs) or not _elementwise(st):
                 continue
-            if _reused_by_reduction(s, st) or _padding_under_taps(s, st):
+            if _reused_by_reduction(s, st) or _padding_under_taps(s, st, self.heuristics.stencil_taps):
                 continue
             st.compute_inline()
         # 2. contractions (with their epilogues), then 3-4. the other stages, consumers first
@@ -174,11 +165,11 @@ class AutoScheduler(PlainStrategies):
         return self.target.vector_registers or 16
 
     def tall_rows(self) -> int:
-        """Rows of a tall tile over panels (two vectors of columns): TALL_TILE_ROWS where the broadcast
-        operand comes from memory (x86: ``vfmadd231ps (mem){1to16}``); NEON loads each row's value into a
-        register of its own (``ld1r``), and 14 rows x 2 + 2 + those spilled accumulators (llvm-mca on
-        neoverse-n1, a 1x1 conv 1024 -> 256: 90.1 -> 85.9% of the FMA bound), 12 do not."""
-        return min(TALL_TILE_ROWS, 12) if self.target.triple.startswith("aarch64") else TALL_TILE_ROWS
+        """Rows of a tall tile over panels (two vectors of columns): :attr:`Heuristics.tall_tile_rows`, 14
+        where the broadcast operand comes from memory (x86: ``vfmadd231ps (mem){1to16}``), 12 on AArch64,
+        where NEON loads each row's value into a register of its own (``ld1r``: 14 rows spilled
+        accumulators; see :meth:`Heuristics.for_target`)."""
+        return self.heuristics.tall_tile_rows
 
     def _wants_more_chains(self, c: Contraction, op: Any, mr: int, nv: int, regs: int) -> bool:
         """Whether a tile of ``mr`` x ``nv`` vectors has too few accumulators for the target's FMA pipes
@@ -211,7 +202,7 @@ class AutoScheduler(PlainStrategies):
         # multiply-adds per load, and the other operand is read once per 64 columns instead of 32: the
         # autotuner's best on 1024^3, 1.05-1.12x numpy against 0.90-0.96x for 12 x 2); 8 x 2 otherwise
         # (wider or taller tiles lost on the ResNet convolutions, whose rows are 64-256 filters)
-        big = (ext_i is not None and ext_i >= BIG_TILE_ROWS and regs >= 32 and c.panel is None
+        big = (ext_i is not None and ext_i >= self.heuristics.big_tile_rows and regs >= 32 and c.panel is None
                and c.pack_dim is None and ext_j is not None and ext_j >= 4 * v)
         if big:
             nr = 4 * v
@@ -279,21 +270,21 @@ class AutoScheduler(PlainStrategies):
         if best.pack_dim is None or best.panel is not None:
             return best  # no copy to pay for (an operand already in panels: constant filters of a model)
         first = cands[0]
+        gain = self.heuristics.pack_gain
         if first.pack_dim is None and (const_int(first.i.extent) == 1  # one row: every panel is read once
-                                       or self._intensity(first, op) * PACK_GAIN >= self._intensity(best, op)):
+                                       or self._intensity(first, op) * gain >= self._intensity(best, op)):
             return first
         return best
 
-    @staticmethod
-    def _wide_rows(op: ComputeOp, best: Contraction, cands: list[Contraction]) -> Contraction | None:
+    def _wide_rows(self, op: ComputeOp, best: Contraction, cands: list[Contraction]) -> Contraction | None:
         """The candidate with filters in panels when the best one puts a window's (several reduction loops)
-        output rows of at least :data:`WIDE_ROW` pixels in lanes: each row tile then re-reads its inputs'
+        output rows of at least :attr:`Heuristics.wide_row` pixels in lanes: each row tile then re-reads its inputs'
         lines across every filter block, and at 1 thread on Zen 4 the NCHW 3x3 convolutions lost a third
         (64 -> 32 at 256x256 33.0 ms, filters in lanes 24.9; 32 -> 32 at 256x256 15.8 / 12.3; at 192x192
         20.5 / 14.1), while at 128 and below both tie (64 -> 64 12.2 / 11.8, 128 -> 64 23.6 / 23.1)."""
         if len(op.reduce_axis) < 2 or best.panel is not None or best.j is not op.axis[-1]:
             return None
-        if (const_int(best.j.extent) or 0) < WIDE_ROW:
+        if (const_int(best.j.extent) or 0) < self.heuristics.wide_row:
             return None
         return next((c for c in cands if c.panel is not None), None)
 
@@ -303,9 +294,9 @@ class AutoScheduler(PlainStrategies):
         op: ComputeOp = st.op
         mr, nr = self._tile_sizes(c, op.dtype, op)
         mr, nr = int(k.get("mr", mr)), int(k.get("nr", nr))
-        ku = int(k.get("ku", _default_ku(op, c)))
+        ku = int(k.get("ku", _default_ku(op, c, self.heuristics)))
         work = self._work(st)  # multiply-adds, counted before cache_write moves the reduction away
-        threads_pay = _threads_pay(work, const_int(c.i.extent))
+        threads_pay = _threads_pay(work, const_int(c.i.extent), self.heuristics)
         pack = (None if c.panel else self._packable(c, nr, op) if k.get("pack", True) or c.pack_dim is not None
                 else None)
         readers = _readers(s, st)
@@ -448,10 +439,12 @@ class AutoScheduler(PlainStrategies):
         return k * lines <= self.target.l1_size // 3
 
 def auto_schedule(args: Sequence[Any], target: Any = "llvm",
-                  knobs: Mapping[str, Mapping[str, Any]] | None = None) -> Schedule:
+                  knobs: Mapping[str, Mapping[str, Any]] | None = None,
+                  heuristics: Heuristics | None = None) -> Schedule:
     """A schedule for the program whose arguments are ``args`` (computed tensors are outputs).
 
     ``knobs`` (for the autotuner) overrides choices per stage name; :func:`knob_space` lists them.
+    ``heuristics`` are the thresholds the scheduler decides by (None: :meth:`Heuristics.for_target`).
     A combination that is not legal leaves that stage to the plain strategy (isl decides).  Every strategy
     isl refused is in the returned schedule's ``fallbacks`` (:mod:`cuvil.schedule.fallback`).
     """
@@ -465,7 +458,7 @@ def auto_schedule(args: Sequence[Any], target: Any = "llvm",
         from cuvil.schedule.auto_gpu import GpuScheduler
 
         return GpuScheduler(s, [s[o] for o in outs], target).run()
-    return AutoScheduler(s, [s[o] for o in outs], target, knobs).run()
+    return AutoScheduler(s, [s[o] for o in outs], target, knobs, heuristics).run()
 
 
 KNOB_SPACE_VERSION = 3  # bump when a knob is added, removed or changes meaning (2: "ku", 3: ku 8); records are
@@ -483,7 +476,8 @@ KNOBS = {
 }
 
 
-def knob_space(args: Sequence[Any], target: Any = "llvm") -> dict[str, dict[str, list[Any]]]:
+def knob_space(args: Sequence[Any], target: Any = "llvm",
+               heuristics: Heuristics | None = None) -> dict[str, dict[str, list[Any]]]:
     """For each stage the auto-scheduler would tune, the values each knob (:data:`KNOBS`) can take.
 
     Any combination can be passed to :func:`auto_schedule`; one that isl refuses leaves its stage to
@@ -492,7 +486,7 @@ def knob_space(args: Sequence[Any], target: Any = "llvm") -> dict[str, dict[str,
     if not outs:
         raise ArgumentError("knob_space: none of the arguments is a computed tensor")
     s = Schedule(outs)
-    sch = AutoScheduler(s, [s[o] for o in outs], target)
+    sch = AutoScheduler(s, [s[o] for o in outs], target, heuristics=heuristics)
     space: dict[str, dict[str, list[Any]]] = {}
     for st in s.compute_stages:
         op = st.op
@@ -520,15 +514,17 @@ def knob_space(args: Sequence[Any], target: Any = "llvm") -> dict[str, dict[str,
     return space
 
 
-def default_knobs(args: Sequence[Any], target: Any = "llvm") -> dict[str, dict[str, Any]]:
+def default_knobs(args: Sequence[Any], target: Any = "llvm",
+                  heuristics: Heuristics | None = None) -> dict[str, dict[str, Any]]:
     """The value of every knob of :func:`knob_space` that :func:`auto_schedule` picks on its own:
-    ``auto_schedule(args, target, knobs=default_knobs(args, target))`` is ``auto_schedule(args, target)``."""
+    ``auto_schedule(args, target, knobs=default_knobs(args, target))`` is ``auto_schedule(args, target)``
+    (with the same ``heuristics``)."""
     outs = [a for a in args if isinstance(a, Tensor) and not isinstance(a.op, PlaceholderOp)]
     if not outs:
         raise ArgumentError("default_knobs: none of the arguments is a computed tensor")
-    space = knob_space(args, target)
+    space = knob_space(args, target, heuristics)
     s = Schedule(outs)
-    sch = AutoScheduler(s, [s[o] for o in outs], target)
+    sch = AutoScheduler(s, [s[o] for o in outs], target, heuristics=heuristics)
     chosen: dict[str, dict[str, Any]] = {}
     for st in s.compute_stages:
         if st.name not in space:
@@ -543,16 +539,17 @@ def default_knobs(args: Sequence[Any], target: Any = "llvm") -> dict[str, dict[s
             packed = c.panel is None and sch._packable(c, nr, op) is not None
             chosen[st.name] = {"candidate": idx, "mr": mr, "nr": nr, "pack": True,
                                "panels_outer": packed or c.panel is not None,
-                               "ku": _default_ku(op, c),
-                               "parallel": _threads_pay(sch._work(st), const_int(c.i.extent))}
+                               "ku": _default_ku(op, c, sch.heuristics),
+                               "parallel": _threads_pay(sch._work(st), const_int(c.i.extent), sch.heuristics)}
         else:
             chosen[st.name] = {"parallel": sch._big(st)} | ({"lanes": True} if "lanes" in space[st.name] else {})
     return chosen
 
 
-def _threads_pay(work: int, rows: int | None) -> bool:
-    """Whether a contraction of ``work`` multiply-adds over ``rows`` output rows runs its tiles on threads."""
-    return work >= PARALLEL_MIN_WORK or (rows == 1 and work >= MATVEC_MIN_WORK)
+def _threads_pay(work: int, rows: int | None, h: Heuristics) -> bool:
+    """Whether a contraction of ``work`` multiply-adds over ``rows`` output rows runs its tiles on threads
+    (:attr:`Heuristics.parallel_min_work`, :attr:`Heuristics.matvec_min_work`)."""
+    return work >= h.parallel_min_work or (rows == 1 and work >= h.matvec_min_work)
 
 
 def _is_cuda(target: Any) -> bool:
@@ -562,13 +559,12 @@ def _is_cuda(target: Any) -> bool:
 
 
 KU_VALUES = (1, 2, 4, 8)  # the values of the "ku" knob (8 unrolls a window of up to 8 taps whole)
-DEFAULT_KU = 2  # its untuned value for a contraction over one reduction axis (see _default_ku)
-WINDOW_KU = 8  # ... and for a window whose innermost loop has 4-8 taps (unrolled whole)
 
 
-def _default_ku(op: ComputeOp, c: Contraction) -> int:
-    """Reduction steps per iteration of the tile's innermost reduction loop when no knob says: two for a
-    matmul-like contraction (one reduction axis, no operand stored in panels ahead of time: 1 thread, CPU time,
+def _default_ku(op: ComputeOp, c: Contraction, h: Heuristics) -> int:
+    """Reduction steps per iteration of the tile's innermost reduction loop when no knob says
+    (``h.default_ku``, ``h.window_ku``): two for a matmul-like contraction (one reduction axis, no
+    operand stored in panels ahead of time: 1 thread, CPU time,
     interleaved: 1024^3 1.05-1.07x, 4096 x 4096 x 1024 1.00-1.08x, 1000^3 0.99-1.10x, 12 x 128 x 128 x 64
     batched 1.01-1.02x), and for one reduction loop of at least 256 steps over an operand in panels (a
     model's dense layer, 1x1 convolutions with their filters packed at compile time: an MLP layer 64 x 1024
@@ -579,9 +575,9 @@ def _default_ku(op: ComputeOp, c: Contraction) -> int:
     taps (ResNet's 7x7 stride-2 stem 1.16x; 3x3 windows, which LLVM unrolls anyway, 0.99-1.00x)."""
     if len(op.reduce_axis) != 1:
         inner = const_int(op.reduce_axis[-1].extent) or 0
-        return WINDOW_KU if 3 < inner <= WINDOW_KU else 1
+        return h.window_ku if 3 < inner <= h.window_ku else 1
     steps = const_int(op.reduce_axis[0].extent) or 0
-    return DEFAULT_KU if c.panel is None or steps >= 256 else 1
+    return h.default_ku if c.panel is None or steps >= 256 else 1
 
 
 def _unroll_reduction(cache: Stage, red: list[IterVar], ku: int) -> None:

@@ -20,10 +20,9 @@ from cuvil.ir.simplify import simplify_expr
 from cuvil.schedule.axes import const_int
 from cuvil.schedule.contraction import _uses, unit_stride_last
 from cuvil.schedule.fallback import REFUSED, fall_back
+from cuvil.schedule.heuristics import Heuristics
 from cuvil.schedule.schedule import Schedule, Stage
 from cuvil.te.tensor import ComputeOp
-
-ROW_CHAINS = 4  # vectors of partial results a long row reduction keeps (independent dependence chains)
 
 
 def _dtype_bytes(dtype: str) -> int:
@@ -52,19 +51,17 @@ def _outer_loop(st: Stage) -> IterVar | None:
     return None
 
 
-SELECTOR_EXTENT = 4  # axes up to this extent whose values pick a formula (see _selector_axes) are unrolled
-
-
-def _selector_axes(st: Stage) -> list[IterVar]:
+def _selector_axes(st: Stage, extent: int) -> list[IterVar]:
     """The axes of an element-wise stage (in te order, its loops untouched) whose values choose between
-    formulas: every select condition of the body tests only such axes, each of at most
-    ``SELECTOR_EXTENT`` iterations (a Winograd transform's ``select(r == 0, d0 - d2, select(r == 1, ...))``).
+    formulas: every select condition of the body tests only such axes, each of at most ``extent``
+    iterations (:attr:`Heuristics.selector_extent`; a Winograd transform's
+    ``select(r == 0, d0 - d2, select(r == 1, ...))``).
     Unrolled, each copy's conditions are constants and its select folds to one formula; in a vector
     loop they would be computed for every branch and blended lane by lane."""
     op = st.op
     if list(st.leaves) != list(op.axis):
         return []
-    small = {id(a): a for a in op.axis if 1 < (const_int(a.extent) or 0) <= SELECTOR_EXTENT}
+    small = {id(a): a for a in op.axis if 1 < (const_int(a.extent) or 0) <= extent}
     found: dict[int, IterVar] = {}
     for n in walk(op.body):
         if isinstance(n, E.Select):
@@ -82,12 +79,13 @@ def _readers(s: Schedule, st: Stage) -> list[Stage]:
 
 class PlainStrategies:
     """Mixed into :class:`cuvil.schedule.auto.AutoScheduler` (which sets ``s``, ``outputs``, ``target``,
-    ``knobs`` and ``bits``)."""
+    ``knobs``, ``heuristics`` and ``bits``)."""
 
     s: Schedule
     outputs: list[Stage]
     knobs: dict[str, Any]
     target: Any
+    heuristics: Heuristics
     bits: int
 
     def lanes(self, dtype: str) -> int:
@@ -289,9 +287,10 @@ class PlainStrategies:
         """The lane stages of :meth:`_vector_reduction` (not proved here), outermost first; empty when
         ``st`` is not a row reduction over one unit-stride axis.
 
-        A row of at least 8 vectors whose length is a multiple of 4 vectors keeps 4 vectors of partial
-        results (independent chains: one vector add or max waits 4 cycles for the previous, four overlap),
-        folded into one vector, then into the scalar; other rows of at least 4 vectors keep one vector
+        A row of at least 2c vectors whose length is a multiple of c vectors keeps c vectors of partial
+        results (c = :attr:`Heuristics.row_chains`, the target's add latency: with 4, one vector add or max
+        waits 4 cycles for the previous, four chains overlap), folded into one vector, then into the scalar;
+        other rows of at least 4 vectors keep one vector
         (the lanes past the row's end are masked: a 1500-wide softmax row 40 -> 18 ms for 9000 rows)::
 
             S.rf[i, l] = reduce(r.outer) X[i, r.outer * 4v + l]     (l < 4v, vectorised)
@@ -309,7 +308,8 @@ class PlainStrategies:
         reads = [n for n in walk(op.body.source) if isinstance(n, TensorRead)]
         if not reads or not all(unit_stride_last(x, r) for x in reads):
             return []
-        chains = ROW_CHAINS if ext % (ROW_CHAINS * v) == 0 and ext >= 2 * ROW_CHAINS * v else 1
+        chains = self.heuristics.row_chains
+        chains = chains if ext % (chains * v) == 0 and ext >= 2 * chains * v else 1
         stages = []
         for width in ([chains * v, v] if chains > 1 else [v]):
             (red,) = st.op.reduce_axis
@@ -342,7 +342,7 @@ class PlainStrategies:
         v = self.lanes(st.op.dtype)
         ext = const_int(inner.extent)
         rows = self._transposed_read(st)
-        selectors = _selector_axes(st)
+        selectors = _selector_axes(st, self.heuristics.selector_extent)
         if selectors:
             self._unrolled_selectors(st, selectors, v, strict)
         elif rows is not None and ext is not None and ext >= min(v, 16):

@@ -58,9 +58,11 @@ def export(model: Any, example_args: Sequence[Any], example_kwargs: Mapping[str,
 
 
 def compile(model: Any, example_args: Sequence[Any] = (), example_kwargs: Mapping[str, Any] | None = None,
-            dynamic_shapes: Any = None, target: str = "llvm", num_threads: int | None = None,
-            tuning_db: Any = None) -> CompiledModule:
-    """Compile ``model`` (a ``torch.nn.Module`` or a function of tensors) ahead of time for ``target``.
+            dynamic_shapes: Any = None, target: str | None = None, num_threads: int | None = None,
+            tuning_db: Any = None, options: Any = None) -> CompiledModule:
+    """Compile ``model`` (a ``torch.nn.Module`` or a function of tensors) ahead of time for ``target``
+    (default: this host), with ``options`` (a :class:`cuvil.options.CompileOptions`; ``target`` and
+    ``tuning_db``, when given, replace its own).
 
     ``example_args`` / ``example_kwargs`` are what the model is called with; ``dynamic_shapes`` is
     torch.export's (e.g. ``{"x": {1: torch.export.Dim("seq", max=512)}}``): those sizes stay symbolic
@@ -75,7 +77,7 @@ def compile(model: Any, example_args: Sequence[Any] = (), example_kwargs: Mappin
     name = getattr(model, "__name__", None) or type(model).__name__  # a function's name, or a module's class
     imported = import_exported_program(ep, name)
     session = InferenceSession.from_graph(imported.graph, target=target, num_threads=num_threads,
-                                          tuning_db=tuning_db)
+                                          tuning_db=tuning_db, options=options)
     return CompiledModule(session, imported, ep)
 
 

@@ -27,8 +27,10 @@ graph and later ones a symbolic graph, which dynamo then tries first: the first 
   importer's :class:`~cuvil.errors.UnsupportedOpError` instead (dynamo reports what a backend raises as
   ``torch._dynamo.exc.BackendCompilerFailed``, the UnsupportedOpError as its ``inner_exception``).
 
-Options (``torch.compile(..., options={...})``): ``strict`` (False), ``target`` ("llvm"),
-``num_threads`` (None), ``tuning_db`` (None), as :func:`cuvil.torch.compile` takes them.
+Options (``torch.compile(..., options={...})``): ``strict`` (False), ``target`` (None: this host),
+``num_threads`` (None), ``tuning_db`` (None), ``compile_options`` (a :class:`cuvil.options.CompileOptions`:
+precision, Winograd, thresholds, ...; ``target`` and ``tuning_db`` replace its own), as
+:func:`cuvil.torch.compile` takes them.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ from cuvil.errors import ArgumentError, DTypeError, UnsupportedOpError
 __all__ = ["OPTIONS", "cuvil_backend", "register", "skip_weight_guards"]
 
 log = logging.getLogger("cuvil.torch")
-OPTIONS: Mapping[str, Any] = MappingProxyType({"strict": False, "target": "llvm", "num_threads": None,
-                                                "tuning_db": None})  # the defaults
+OPTIONS: Mapping[str, Any] = MappingProxyType({"strict": False, "target": None, "num_threads": None,
+                                                "tuning_db": None, "compile_options": None})  # the defaults
+# (target None: the compile options' target, "llvm" by default; compile_options: a cuvil.options.CompileOptions)
 _warned_grad = False
 _count = 0
 
@@ -346,7 +349,8 @@ class _Program:
         feeds = [consts[k] if k in consts else n.name for k, n in enumerate(placeholders)]
         self.imported = import_graph_module(gm, feeds, name)
         self.session = InferenceSession.from_graph(self.imported.graph, target=opts["target"],
-                                                   num_threads=opts["num_threads"], tuning_db=opts["tuning_db"])
+                                                   num_threads=opts["num_threads"], tuning_db=opts["tuning_db"],
+                                                   options=opts["compile_options"])
         self.fed = [(k, v) for k, v in enumerate(self.imported.inputs) if v is not None]
         result = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         self.several = isinstance(result, (list, tuple))

@@ -26,6 +26,7 @@ from cuvil.graph.ir import Node
 from cuvil.ir.expr import TensorRead
 from cuvil.ir.functor import ExprMutator, substitute, walk
 from cuvil.schedule.auto import pads_a_stencil
+from cuvil.schedule.heuristics import Heuristics, heuristics_of
 from cuvil.te.tensor import ComputeOp, Tensor
 
 Builder = Callable[["NodeCtx"], list]
@@ -157,9 +158,15 @@ class NodeCtx:
         self.placeholders: list[tuple[int, Tensor]] = []
         self.value_reads: set[int] = set()
         self.target: Any = None  # the compile target (set by compile_graph): builders may pick layouts for it
+        self.options: Any = None  # the compilation's resolved cuvil.options.CompileOptions (set by compile_graph)
         self.precision = "fp32"  # or "bf16": contractions with constant weights in bfloat16 (set by compile_graph)
         self.variant = ""  # the lowering a builder chose beyond shapes and attributes (a Conv's "winograd"): keys it
         self._tensors: dict[tuple[int, tuple[int, ...]], Tensor] = {}
+
+    @property
+    def heuristics(self) -> Heuristics:
+        """The thresholds builders decide by: the compilation's (``options``), else the target's."""
+        return heuristics_of(self.options if self.options is not None else self.target)
 
     # -- inputs -------------------------------------------------------------------
     @property
@@ -404,9 +411,9 @@ def _inlinable(op: Any, n_idx: int) -> bool:
             and all(a is b for a, b in zip(op.store_indices, op.axis)))
 
 
-def _padded_under_taps(body: Any) -> set[int]:
+def _padded_under_taps(body: Any, taps: int) -> set[int]:
     """The ids of the padded stages that one body among ``body`` and the element-wise bodies it reads
-    reads as a stencil's taps (:func:`cuvil.schedule.auto.pads_a_stencil`): they stay stages."""
+    reads as a stencil's ``taps`` (:func:`cuvil.schedule.auto.pads_a_stencil`): they stay stages."""
     keep: set[int] = set()
     seen: set[int] = set()
     todo = [body]
@@ -415,7 +422,7 @@ def _padded_under_taps(body: Any) -> set[int]:
         read = {id(n.tensor.op): n.tensor.op for n in walk(b)
                 if isinstance(n, TensorRead) and _inlinable(n.tensor.op, len(n.indices))}
         for k, op in read.items():
-            if pads_a_stencil(op, b):
+            if pads_a_stencil(op, b, taps):
                 keep.add(k)
             if k not in seen:
                 seen.add(k)
@@ -439,13 +446,15 @@ class _Inline(ExprMutator):
         return e if all(a is b for a, b in zip(idx, e.indices)) else TensorRead(e.dtype, e.tensor, idx)
 
 
-def inline_elementwise(t: Tensor) -> Tensor:
+def inline_elementwise(t: Tensor, heuristics: Heuristics | None = None) -> Tensor:
     """``t`` with every element-wise stage it reads substituted into its body: a fused group's result
-    reads its contraction directly (``relu(conv[i] + b[i] + r[i])``), one epilogue stage."""
+    reads its contraction directly (``relu(conv[i] + b[i] + r[i])``), one epilogue stage.  ``heuristics``:
+    the compilation's thresholds (``NodeCtx.heuristics``; None: the host's), whose ``stencil_taps`` keeps
+    a padded stage under a stencil's taps."""
     op = t.op
     if not isinstance(op, ComputeOp) or op.reduce_axis or any(a is not b for a, b in zip(op.store_indices, op.axis)):
         return t
-    body = _Inline(_padded_under_taps(op.body)).visit(op.body)
+    body = _Inline(_padded_under_taps(op.body, heuristics_of(heuristics).stencil_taps)).visit(op.body)
     if body is op.body:
         return t
     return te.compute(t_shape(t), lambda *i: substitute(body, dict(zip(op.axis, i))), name=op.name)

@@ -39,9 +39,9 @@ from cuvil import te
 from cuvil.errors import ArgumentError
 from cuvil.graph.ops.base import NodeCtx, Shaped, t_shape
 from cuvil.ir.expr import bf16_pair, dot2_bf16
+from cuvil.options import PRECISIONS  # (one list: the compile options check it first)
 from cuvil.te.tensor import Tensor
 
-PRECISIONS = ("fp32", "bf16")
 FEATURE = "avx512bf16"
 
 

@@ -43,22 +43,19 @@ def _weights(ctx: NodeCtx, w: np.ndarray) -> Any:
     return lambda idx: wp[(idx[0] // p,) + tuple(idx[1:]) + (idx[0] % p,)]
 
 
-DW_CHAINS = 4  # independent multiply-add chains a depthwise window's taps are summed in (see _chained_sum)
-
-
-def _chained_sum(terms: list[Any], init: Any = None) -> Any:
-    """``init + sum(terms)`` as ``DW_CHAINS`` interleaved chains added at the end: one chain of 25 taps
-    is 25 dependent multiply-adds (4 cycles each here), ``DW_CHAINS`` chains overlap (5x5 depthwise
-    240@28 with SiLU at 1 thread: 308 -> 187 us)."""
-    chains: list[Any] = []
+def _chained_sum(terms: list[Any], chains: int, init: Any = None) -> Any:
+    """``init + sum(terms)`` as ``chains`` interleaved chains added at the end (:attr:`Heuristics.dw_chains`):
+    one chain of 25 taps is 25 dependent multiply-adds (4 cycles each here), 4 chains overlap (5x5
+    depthwise 240@28 with SiLU at 1 thread: 308 -> 187 us)."""
+    sums: list[Any] = []
     for k, t in enumerate(terms):
-        if k < DW_CHAINS:
-            chains.append(t if k or init is None else init + t)
+        if k < chains:
+            sums.append(t if k or init is None else init + t)
         else:
-            chains[k % DW_CHAINS] = chains[k % DW_CHAINS] + t
-    while len(chains) > 1:  # pairwise: (c0 + c1) + (c2 + c3)
-        chains = [chains[i] + chains[i + 1] if i + 1 < len(chains) else chains[i] for i in range(0, len(chains), 2)]
-    return chains[0]
+            sums[k % chains] = sums[k % chains] + t
+    while len(sums) > 1:  # pairwise: (c0 + c1) + (c2 + c3)
+        sums = [sums[i] + sums[i + 1] if i + 1 < len(sums) else sums[i] for i in range(0, len(sums), 2)]
+    return sums[0]
 
 
 @op("CuvilConvNHWC")
@@ -138,7 +135,7 @@ def conv_nhwc(ctx: NodeCtx) -> list:
 
         def dw_body(n_: Any, y: Any, x: Any, c_: Any) -> Any:
             taps = [at(n_, y, x, c_, ky, kx) * wt[ky, kx, c_] for ky, kx in itertools.product(range(kh), range(kw))]
-            return _chained_sum(taps, None if b is None else b[c_])
+            return _chained_sum(taps, ctx.heuristics.dw_chains, None if b is None else b[c_])
 
         return [te.compute((n, oh, ow, m), dw_body, name="conv_dw")]
     wr = _weights(ctx, w)

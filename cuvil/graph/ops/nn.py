@@ -80,7 +80,7 @@ def conv(ctx: NodeCtx) -> list:
     if g == 1 and all(k == 1 for k in kernel) and tuple(out) == xs[2:] and not any(begin):
         return [_pointwise_conv(ctx, xs, ws)]
     if _winograd_pays(ctx, xs, ws, g, kernel, strides, dil, out):
-        ctx.variant = "winograd"  # keys the kernel: a compile with WINOGRAD off is another kernel
+        ctx.variant = "winograd"  # keys the kernel: a compile with winograd=False is another kernel
         return [_winograd_conv(ctx, xs, ws, begin, out)]
     X = ctx.tensor(0)
     has_bias = ctx.has(2)  # before compile-time constants are appended to the entries
@@ -115,7 +115,8 @@ def conv(ctx: NodeCtx) -> list:
     shape = (xs[0], ws[0]) + tuple(out)
     if g > 1 and per_group > 1:  # grouped: the group is an axis of its own, a batched contraction
         return [_grouped_conv(ctx, X, w_read, shape, g, cg, per_group, kernel, strides, dil, has_bias)]
-    if cg == 1 and per_group == 1 and math.prod(kernel) <= DEPTHWISE_TAPS and not any(a or b for a, b in padded):
+    if (cg == 1 and per_group == 1 and math.prod(kernel) <= ctx.heuristics.depthwise_taps
+            and not any(a or b for a, b in padded)):  # a small window: written out tap by tap
         y = _depthwise_taps(X, w_read, shape, kernel, strides, dil)
     else:
         y = te.compute(shape, body, name="conv")
@@ -127,14 +128,6 @@ def conv(ctx: NodeCtx) -> list:
 
 # -- Winograd F(2x2, 3x3) -------------------------------------------------------------------
 
-WINOGRAD = True  # 3x3 convolutions that pay (see _winograd_pays) as Winograd F(2x2, 3x3); False: all direct
-WINOGRAD_MIN_CHANNELS = 128  # input and output channels from which it pays (the transforms' traffic per
-# multiply-add is 2/C_out + 2/C_in bytes of V and M: at 64 -> 32 channels it outweighs the 2.25x saving)
-WINOGRAD_MAX_TILES = 1024
-WINOGRAD_MIN_TILES = 49  # below, the tile contraction may put its 2x2 tiles in vector lanes instead of filters: 128
-# channels at 10x10 (25 tiles) ran 2.4 ms against 0.28 direct (YOLOv8n 1.28x slower); at 7x7 tiles (ResNet's
-# 256 at 14x14) and up every measured case gained
-
 # F(2, 3) (Lavin and Gray, Fast Algorithms for Convolutional Neural Networks, 2016): Y = A^T [(G g G^T) . (B^T d B)] A
 _BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1))
 _G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
@@ -144,15 +137,20 @@ _AT = ((1, 1, 1, 0), (0, 1, -1, -1))
 def _winograd_pays(ctx: NodeCtx, xs: tuple[int, ...], ws: tuple[int, ...], g: int, kernel: list[int],
                    strides: list[int], dil: list[int], out: list[int]) -> bool:
     """A 2-D 3x3 float32 convolution of one image, stride 1, dilation 1, one group, constant weights, an even output
-    and enough channels on both sides (:data:`WINOGRAD_MIN_CHANNELS`), for a CPU target."""
+    and enough channels on both sides, for a CPU target, unless the compilation turns Winograd off
+    (``CompileOptions.winograd``).  The thresholds are the compilation's (``ctx.heuristics``): at least
+    ``winograd_min_channels`` channels in and out, ``winograd_min_tiles`` to ``winograd_max_tiles`` 2x2 output
+    tiles (why those: :meth:`cuvil.schedule.heuristics.Heuristics.for_target`)."""
     tgt = ctx.target
+    h = ctx.heuristics
+    on = ctx.options.winograd if ctx.options is not None else True
     # one image only: with a batch of two, isl fails checking the schedule (isl_pw_aff_max_val: not yet understood)
-    return (WINOGRAD and len(xs) == 4 and xs[0] == 1 and g == 1 and kernel == [3, 3] and strides == [1, 1]
+    return (on and len(xs) == 4 and xs[0] == 1 and g == 1 and kernel == [3, 3] and strides == [1, 1]
             and dil == [1, 1] and ctx.dtype(0) == "float32" and ctx.known(1) and tgt is not None
             and getattr(tgt, "kind", "") == "llvm"
-            and min(xs[1], ws[0]) >= WINOGRAD_MIN_CHANNELS and out[0] % 2 == 0 and out[1] % 2 == 0
+            and min(xs[1], ws[0]) >= h.winograd_min_channels and out[0] % 2 == 0 and out[1] % 2 == 0
             and out[0] >= 4 and out[1] >= 4
-            and WINOGRAD_MIN_TILES <= (out[0] // 2) * (out[1] // 2) <= WINOGRAD_MAX_TILES)
+            and h.winograd_min_tiles <= (out[0] // 2) * (out[1] // 2) <= h.winograd_max_tiles)
 
 
 def _signed_sum(terms: list[tuple[int, Any]]) -> Any:
@@ -299,9 +297,6 @@ def _grouped_conv(ctx: NodeCtx, X: Tensor, w_read: Any, shape: tuple[int, ...], 
     return Shaped(y, shape)
 
 
-DEPTHWISE_TAPS = 25  # depthwise windows up to 5x5 are written out tap by tap
-
-
 def _depthwise_taps(X: Tensor, w_read: Any, shape: tuple[int, ...], kernel: list[int], strides: list[int],
                     dil: list[int]) -> Tensor:
     """A depthwise convolution without padding (one input channel per output channel) as an
@@ -345,9 +340,6 @@ def _filter_panels(ctx: NodeCtx, w: np.ndarray) -> Any:
     return lambda idx: Wp[(idx[0] // p,) + tuple(idx[1:]) + (idx[0] % p,)]
 
 
-SMALL_IMAGE_PIXELS = 256
-
-
 def _pointwise_conv(ctx: NodeCtx, xs: tuple[int, ...], ws: tuple[int, ...]) -> Shaped:
     """A 1x1 convolution with stride 1 and no padding is a matmul over the flattened pixels:
     ``Y[n, m, p] = sum_c W[m, c] * X[n, c, p]`` (2-D for one image)."""
@@ -357,7 +349,7 @@ def _pointwise_conv(ctx: NodeCtx, xs: tuple[int, ...], ws: tuple[int, ...]) -> S
     # in panels, so the register tile may put filters in vector lanes (MobileNetV2's 960->320 at 7x7:
     # 2.9x faster than pixels in lanes); on big images pixels stay in lanes (unit-stride output stores)
     panels = (_filter_panels(ctx, np.asarray(ctx.entries[1]).reshape(m, c))
-              if ctx.known(1) and n * p < SMALL_IMAGE_PIXELS else None)
+              if ctx.known(1) and n * p < ctx.heuristics.small_image_pixels else None)
     if panels is None:
         W = ctx.tensor(1, (m, c))
 

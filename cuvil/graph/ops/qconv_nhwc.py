@@ -155,7 +155,7 @@ def _plain(ctx: NodeCtx, read: Any, dims: tuple[int, int, int, int], dtype: str,
             ch = group_channel(m, 0)
             terms = [_i32(at(n_, y * strides[0] + ky * dil[0], x_ * strides[1] + kx * dil[1], ch)) *
                      _i32(W[0, ky, kx, m]) for ky in range(kh) for kx in range(kw)]
-            return _chained_sum(terms)
+            return _chained_sum(terms, ctx.heuristics.dw_chains)
 
         return te.compute((n, out[0], out[1], o), taps, name=name)
     rc = te.reduce_axis((0, cg), name="rc")

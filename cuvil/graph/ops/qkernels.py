@@ -39,8 +39,6 @@ from cuvil.ir.expr import dot2_i16, dot4
 from cuvil.te.tensor import Tensor
 
 INT8_TYPES = ("uint8", "int8")
-# input words (4 channels each) below which a 1x1 convolution with 17-31-pixel rows runs flattened
-FLAT_WORDS = 128
 
 
 def _check_int8(what: str, dtype: str) -> None:
@@ -310,7 +308,7 @@ def _dot_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], di
     plan = _plan(x.dtype, w.dtype.name, ctx.target) if per == 4 else PAIRS
     flip, sign = plan[2:]
     kernel = list(w.shape[2:])
-    if _flat_1x1(xs, kernel, strides, pads_begin, out, c4 * per // 4, panel // 2):
+    if _flat_1x1(xs, kernel, strides, pads_begin, out, c4 * per // 4, panel // 2, ctx.heuristics.flat_words):
         return _dot_conv_flat(ctx, x, w, strides, out, panel, name, plan, per)
     span = [(out[d] - 1) * strides[d] + dilations[d] * (kernel[d] - 1) + 1 for d in range(n_sp)]
     pv = te.const(pad_value, x.dtype)
@@ -352,17 +350,17 @@ def _dot_conv(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], di
 
 
 def _flat_1x1(xs: tuple[int, ...], kernel: list[int], strides: Sequence[int], pads_begin: Sequence[int],
-              out: Sequence[int], c4: int, lanes: int) -> bool:
-    """Whether a convolution is a 1x1 one (stride 1, no padding) over fewer than
-    :data:`FLAT_WORDS` input words whose rows take more than one vector of ``lanes`` int32 but less
-    than two, and no whole number (a 28-pixel row on AVX-512).  The auto-scheduler puts such a row in
-    lanes, and LLVM keeps its 28-lane accumulators in memory (128 -> 512 @ 28x28, 1 thread: 3.7 ms);
-    as a product over the flattened image (784 pixels, whole vectors) it takes 0.37 ms.  Other
+              out: Sequence[int], c4: int, lanes: int, flat_words: int) -> bool:
+    """Whether a convolution is a 1x1 one (stride 1, no padding) over fewer than ``flat_words``
+    (:attr:`Heuristics.flat_words`) input words (4 channels each) whose rows take more than one vector of
+    ``lanes`` int32 but less than two, and no whole number (a 28-pixel row on AVX-512).  The auto-scheduler
+    puts such a row in lanes, and LLVM keeps its 28-lane accumulators in memory (128 -> 512 @ 28x28, 1
+    thread: 3.7 ms); as a product over the flattened image (784 pixels, whole vectors) it takes 0.37 ms.  Other
     convolutions measured faster in image rows (256 -> 64 @ 56x56 0.34 ms, flattened 0.80; 512 -> 128
     @ 28x28 0.30 / 0.56, where the scheduler puts the filters in lanes)."""
     return (all(k == 1 for k in kernel) and not any(pads_begin)
             and all(o == -(-x // s) for o, x, s in zip(out, xs[2:], strides))
-            and c4 < FLAT_WORDS and lanes < out[-1] < 2 * lanes and out[-1] % lanes != 0)
+            and c4 < flat_words and lanes < out[-1] < 2 * lanes and out[-1] % lanes != 0)
 
 
 def _dot_conv_flat(ctx: NodeCtx, x: Tensor, w: np.ndarray, strides: Sequence[int], out: Sequence[int], panel: int,
