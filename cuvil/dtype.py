@@ -63,3 +63,9 @@ def nbytes(dtype: str) -> int:
 
 def to_numpy(dtype: str) -> np.dtype:
     return np.dtype(dtype)
+
+
+# ONNX's spelling of each dtype in a value's type, "tensor(float)" (what onnxruntime's NodeArg.type says)
+ONNX_TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "float16", "bool": "bool", "int8": "int8",
+                   "int16": "int16", "int32": "int32", "int64": "int64", "uint8": "uint8", "uint16": "uint16",
+                   "uint32": "uint32", "uint64": "uint64"}

@@ -143,14 +143,15 @@ def build(s: Schedule, args: Sequence[Any], target: Any = "llvm", name: str = "m
     """Compile schedule ``s`` into a callable module for ``target``; ``bounds_checks=False`` leaves out
     the run-time bounds checks (indices read from memory; the proof's conditions on sizes).  With
     ``tuning_db``, the best record replaces ``s``: of board kind ``board`` when given, else this host's (or,
-    for another target, a board's of that target; see :mod:`cuvil.autotune.replay`)."""
+    for another target, a board's of that target; see :mod:`cuvil.schedule.records`)."""
     from cuvil.runtime.module import Module
     from cuvil.target import Target
 
     if tuning_db is not None:  # the best tuned schedule of this program replaces s, if there is one
-        from cuvil.autotune.replay import apply_best
+        from cuvil.runtime.threads import get_num_threads
+        from cuvil.schedule.records import apply_best
 
-        s = apply_best(s, args, target, tuning_db, board)
+        s = apply_best(s, args, target, tuning_db, board, threads=get_num_threads())
     func = lower(s, args, name=name, bounds_checks=bounds_checks)
     tgt = target if isinstance(target, Target) else Target(target)
     if tgt.kind == "cuda":  # CUDA C -> NVRTC -> PTX (cuvil.codegen.cuda)

@@ -173,7 +173,7 @@ class Target:
             except ValueError:
                 raise TargetError(f"-num-cores must be an integer in {spec!r}") from None
             if self.is_host:  # the code runs on this machine: its caches are the ones that matter
-                caches.update(_host_caches())
+                caches.update(host_caches())
         self.l1_size, self.l2_size, self.l3_size = caches["l1"], caches["l2"], caches["l3"]
 
     # -- derived facts --------------------------------------------------------
@@ -335,7 +335,7 @@ def _check_llvm_target(triple: str, spec: str) -> None:
         raise TargetError(f"LLVM has no backend for triple {triple!r} (from {spec!r}): {exc}") from None
 
 
-def _host_caches() -> dict[str, int]:
+def host_caches() -> dict[str, int]:
     """L1 data / L2 / L3 sizes in bytes from sysfs, where Linux provides them."""
     out: dict[str, int] = {}
     root = "/sys/devices/system/cpu/cpu0/cache"

@@ -441,7 +441,7 @@ def test_workload_key_carries_the_knob_space_version(tmp_path, caplog, monkeypat
     # records of an older knob space are filed under another key (a tuning run neither counts nor learns from
     # them), and build(tuning_db=) still replays the best of them when the current space has none
     import cuvil.schedule.auto as auto
-    from cuvil.autotune.workload import _key
+    from cuvil.schedule.workload import _key
 
     args = matmul(24, 40, 16)
     wl = workload_of(args)

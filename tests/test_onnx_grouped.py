@@ -3,6 +3,8 @@
 import numpy as np
 import onnxruntime as ort
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from cuvil.onnx import InferenceSession
@@ -30,3 +32,32 @@ def test_grouped_conv_matches_onnxruntime(c, h, f, k, g, stride, pad, bias, n):
     got = InferenceSession(model).run(None, {"x": x})[0]
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(c // g * k * k))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pg=st.integers(2, 7), cg=st.integers(1, 6), g=st.integers(2, 5), h=st.integers(3, 13), w=st.integers(3, 13),
+       kh=st.integers(1, 5), kw=st.integers(1, 5), stride=st.integers(1, 3), dy=st.integers(1, 2),
+       dx=st.integers(1, 2), pads=st.lists(st.integers(0, 2), min_size=4, max_size=4), bias=st.booleans(),
+       n=st.integers(1, 2))
+def test_grouped_conv_over_flattened_phases_matches_onnxruntime(pg, cg, g, h, w, kh, kw, stride, dy, dx, pads,
+                                                                 bias, n):
+    """Few filters per group and narrow or strided rows: the contraction over the flattened, phase-split
+    image (cuvil.graph.ops.nn._grouped_flat), every stride, dilation and asymmetric padding."""
+    oh = (h + pads[0] + pads[2] - dy * (kh - 1) - 1) // stride + 1
+    ow = (w + pads[1] + pads[3] - dx * (kw - 1) - 1) // stride + 1
+    assume(oh >= 1 and ow >= 1)
+    rng = np.random.default_rng(pg * 100 + cg * 10 + g)
+    f, c = pg * g, cg * g
+    w_ = rng.standard_normal((f, cg, kh, kw)).astype(np.float32)
+    inits = [numpy_helper.from_array(w_, "w")] + ([numpy_helper.from_array(
+        rng.standard_normal(f).astype(np.float32), "b")] if bias else [])
+    node = helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["y"], group=g, strides=[stride] * 2,
+                            pads=pads, dilations=[dy, dx], kernel_shape=[kh, kw])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, f, oh, ow])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = InferenceSession(model).run(None, {"x": x})[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(cg * kh * kw))

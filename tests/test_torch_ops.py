@@ -49,7 +49,7 @@ from torch.utils import _pytree as pytree  # noqa: E402
 
 import cuvil.torch  # noqa: E402
 from cuvil.errors import UnsupportedOpError  # noqa: E402
-from cuvil.frontend.torch import _target_name, decompositions, import_exported_program, import_graph_module  # noqa: E402
+from cuvil.frontend.torch import decompositions, import_exported_program, import_graph_module, target_name  # noqa: E402
 from cuvil.frontend.torch_ops import TABLE  # noqa: E402
 from cuvil.onnx import InferenceSession  # noqa: E402
 from cuvil.torch import _FunctionModule  # noqa: E402
@@ -715,7 +715,7 @@ def _export(c: Case) -> Any:
         return cuvil.torch.export(c.fn, c.args, dynamic_shapes=c.dynamic)
     table = decompositions()
     for k in list(table):
-        if _target_name(k) in c.keep:
+        if target_name(k) in c.keep:
             del table[k]
     model = c.fn if isinstance(c.fn, nn.Module) else _FunctionModule(c.fn)  # as cuvil.torch.compile wraps it
     with torch.no_grad():
@@ -725,7 +725,7 @@ def _export(c: Case) -> Any:
 
 def _called(gm: Any) -> set[str]:
     """The overloads an ExportedProgram or GraphModule calls (TABLE's names)."""
-    return {_target_name(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    return {target_name(n.target) for n in gm.graph.nodes if n.op == "call_function"}
 
 
 def _compile(c: Case) -> Any:
@@ -746,7 +746,7 @@ def _compile_aten_graph(c: Case) -> Callable[..., tuple]:
     gives a torch.compile backend), imported by import_graph_module and run by an InferenceSession."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    table = {k: v for k, v in decompositions().items() if _target_name(k) not in c.keep}
+    table = {k: v for k, v in decompositions().items() if target_name(k) not in c.keep}
     gm = make_fx(c.fn, decomposition_table=table)(*c.args)
     called = _called(gm)
     missing = [op for op in c.ops if op not in called]

@@ -4,10 +4,11 @@ keep every result in a database that ``cuvil.build(..., tuning_db=...)`` reads.
     res = cuvil.autotune.tune([A, B, C], trials=64, db="cuvil-tuning.db")
     f = cuvil.build(s, [A, B, C], tuning_db="cuvil-tuning.db")
 
-Modules: ``api`` (tune, TuneResult), ``workload`` (the structural key), ``space`` (knobs,
-features), ``model`` (boosted trees), ``search`` (evolutionary, random), ``measure``
-(builders and runners), ``worker`` (what their processes run), ``database`` (SQLite, JSON
-lines), ``replay`` (what build does with a record).  See docs/autotune.md.
+Modules: ``api`` (tune, TuneResult), ``space`` (knobs, features), ``model`` (boosted trees),
+``search`` (evolutionary, random), ``measure`` (builders and runners), ``worker`` (what their
+processes run).  The structural key, the database (SQLite, JSON lines) and what build does with a
+record live below the graph compiler, in ``cuvil.schedule.workload``, ``.database`` and ``.records``;
+``workload``, ``database`` and ``replay`` here re-export them.  See docs/autotune.md.
 """
 
 from __future__ import annotations

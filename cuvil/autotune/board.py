@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from cuvil.autotune.board_facts import host_facts
+from cuvil.cache import BoundedCache
 from cuvil.errors import ArgumentError
 
 RESOURCE_PREFIX = "cuvil-board-"  # a board of kind NAME is a Dask worker with the resource cuvil-board-NAME=1
@@ -107,12 +108,13 @@ def board_config() -> BoardConfig:
 
 
 # -- facts ----------------------------------------------------------------------------------------
-_EXEC_FACTS: dict[str, dict[str, Any]] = {}
+_EXEC_FACTS: BoundedCache[str, dict[str, Any]] = BoundedCache("cuvil.autotune.board._EXEC_FACTS", 64)  # per board
 
 
 def _exec_facts(prefix: str) -> dict[str, Any]:
     """The facts of a board reached through ``prefix`` (cuvil.autotune.exec_board; unknown until it exists)."""
-    if prefix not in _EXEC_FACTS:
+    found = _EXEC_FACTS.get(prefix)
+    if found is None:
         try:
             from cuvil.autotune.exec_board import exec_facts
         except ImportError as exc:
@@ -121,7 +123,7 @@ def _exec_facts(prefix: str) -> dict[str, Any]:
         else:
             found = dict(exec_facts(prefix))
         _EXEC_FACTS[prefix] = found
-    return dict(_EXEC_FACTS[prefix])
+    return dict(found)
 
 
 def facts(config: BoardConfig | None = None) -> dict[str, Any]:

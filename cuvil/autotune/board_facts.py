@@ -40,9 +40,9 @@ def cpu_features(arch: str, cpuinfo: str | None = None) -> list[str]:
 def _caches() -> dict[str, int]:
     """L1d, L2 and L3 sizes in bytes, from /sys (0 where the kernel does not say): the reader the compile
     target's cache model uses (importing cuvil.target loads no LLVM)."""
-    from cuvil.target import _host_caches
+    from cuvil.target import host_caches
 
-    found = _host_caches()
+    found = host_caches()
     return {"L1d": found.get("l1", 0), "L2": found.get("l2", 0), "L3": found.get("l3", 0)}
 
 

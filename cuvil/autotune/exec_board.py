@@ -27,7 +27,6 @@ import signal
 import subprocess
 import tempfile
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -36,6 +35,7 @@ import numpy as np
 
 from cuvil.autotune.exec_harness import exec_facts, harness_bytes, harness_command, parse_facts, run_facts, split_prefix
 from cuvil.autotune.worker import _mismatch
+from cuvil.cache import BoundedCache
 from cuvil.errors import ArgumentError, TargetError
 
 __all__ = ["exec_facts", "harness_bytes", "measure"]
@@ -193,19 +193,23 @@ class _Harness:
                         self.tmp)
 
 
-_FLUSH: dict[str, int] = {}  # prefix -> bytes the harness writes to flush the board's caches
-_REFERENCES: OrderedDict[tuple[str, str, str], list[np.ndarray]] = OrderedDict()  # computed on this board
+# prefix -> bytes the harness writes to flush the board's caches (a few boards per process)
+_FLUSH: BoundedCache[str, int] = BoundedCache("cuvil.autotune.exec_board._FLUSH", 64)
+# (prefix, untuned library, inputs) -> reference outputs computed on the board: one workload at a time
+_REFERENCES: BoundedCache[tuple[str, str, str], list[np.ndarray]] = BoundedCache(
+    "cuvil.autotune.exec_board._REFERENCES", 4)
 
 
 def _flush_bytes(prefix: str, cmd: list[str]) -> int:
     """Twice the board's last-level cache (8 MiB to 256 MiB, as the local runner), read once per prefix."""
-    if prefix not in _FLUSH:
+    got = _FLUSH.get(prefix)
+    if got is None:
         try:
             caches = parse_facts(run_facts(cmd, prefix), prefix)["caches"]
         except TargetError:
             caches = {}
-        _FLUSH[prefix] = min(256 << 20, max(8 << 20, 2 * int(caches.get("L3") or caches.get("L2") or 0)))
-    return _FLUSH[prefix]
+        got = _FLUSH[prefix] = min(256 << 20, max(8 << 20, 2 * int(caches.get("L3") or caches.get("L2") or 0)))
+    return got
 
 
 def _threads(opts: dict[str, Any]) -> int:
@@ -257,17 +261,16 @@ def measure(prefix: str, data: dict[str, Any], libs: list[tuple[str, bytes, int]
             return {"board": {}, "results": [_result("badhash", error=msg) for _ in range(n_out)], "outputs": None}
         if ref_lib is not None and data.get("reference") is None:
             key = (prefix, ref_lib[0], _fingerprint(data["inputs"]))
-            if key not in _REFERENCES:
+            reference = _REFERENCES.get(key)
+            if reference is None:
                 got = _reference(h, (ref_lib[0], ref_lib[1], -1))
                 res = got["results"][0]
                 if res["status"] != "ok":
                     msg = f"the untuned library failed: {res['error']}"
                     return {"board": {}, "results": [_result(res["status"], error=msg) for _ in range(n_out)],
                             "outputs": None}
-                _REFERENCES[key] = got["outputs"]
-                while len(_REFERENCES) > 4:
-                    _REFERENCES.popitem(last=False)
-            h = dataclasses.replace(h, data={**data, "reference": _REFERENCES[key]})
+                reference = _REFERENCES[key] = got["outputs"]
+            h = dataclasses.replace(h, data={**data, "reference": reference})
         return {"board": {}, "results": (_run if kind == "run" else _final)(h, libs), "outputs": None}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

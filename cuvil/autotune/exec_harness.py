@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from cuvil.cache import BoundedCache
 from cuvil.errors import ArgumentError, TargetError
 
 __all__ = ["HARNESS_SOURCE", "compiler_for", "exec_facts", "harness_bytes", "harness_command", "parse_facts",
@@ -97,7 +98,8 @@ def _emulator(argv: Sequence[str]) -> str | None:
     return name[len("qemu-"):].removesuffix("-static")
 
 
-_STAGED: dict[tuple[tuple[str, ...], str], str] = {}  # (remote prefix, harness sha256) -> its path there
+# (remote prefix, harness sha256) -> its path there (a few boards per process; a miss copies it again)
+_STAGED: BoundedCache[tuple[tuple[str, ...], str], str] = BoundedCache("cuvil.autotune.exec_harness._STAGED", 64)
 
 
 def harness_command(argv: list[str], harness: bytes, tmp: str) -> list[str]:
@@ -109,7 +111,8 @@ def harness_command(argv: list[str], harness: bytes, tmp: str) -> list[str]:
         os.chmod(path, 0o700)
         return [*argv, path]
     key = (tuple(argv), hashlib.sha256(harness).hexdigest())
-    if key not in _STAGED:
+    staged = _STAGED.get(key)
+    if staged is None:
         body = base64.encodebytes(harness).decode()
         script = ('set -e\nd=$(mktemp -d "${TMPDIR:-/tmp}/cuvil-harness-XXXXXX")\n'
                   f"base64 -d > \"$d/harness\" <<'CUVIL_EOF'\n{body}CUVIL_EOF\n"
@@ -122,8 +125,8 @@ def harness_command(argv: list[str], harness: bytes, tmp: str) -> list[str]:
         if proc.returncode != 0 or not lines:
             raise TargetError(f"copying the timing harness through {shlex.join(argv)!r} failed "
                               f"(exit status {proc.returncode}): {proc.stderr.decode(errors='replace').strip()}")
-        _STAGED[key] = lines[-1]
-    return [*argv, _STAGED[key]]
+        staged = _STAGED[key] = lines[-1]
+    return [*argv, staged]
 
 
 def _board_arch(argv: list[str]) -> str:

@@ -40,7 +40,7 @@ from cuvil.errors import ScheduleError
 from cuvil.ir import expr as E
 from cuvil.ir.expr import Binary, Const, Expr, Var
 from cuvil.ir.functor import free_vars
-from cuvil.ir.simplify import _linear, simplify_expr
+from cuvil.ir.simplify import linear_form, simplify_expr
 from cuvil.ir.stmt import GPU_TAGS, Allocate, Block, Buffer, For, If, LetStmt, LoweredFunc, Stmt, Store, sub_stmts
 
 MAX_THREADS = 1024
@@ -367,7 +367,7 @@ def _thread_extents(s: Stmt, free: set[int]) -> dict[str, int]:
 
 def _split_index(e: Expr, v: Var, size: int) -> dict[tuple, tuple[Expr, int]] | None:
     """The terms of ``e - v`` when ``e = v + (a multiple of size without v)``, else None."""
-    lin = _linear(simplify_expr(e))
+    lin = linear_form(simplify_expr(e))
     if lin is None:
         return None
     terms, c = lin
@@ -384,7 +384,7 @@ def _own_index(e: Expr, v: Var, size: int) -> Expr:
     """``(e - v) / size`` for an index ``e = v + size * (...)`` (see _private_tags)."""
     rest = _split_index(e, v, size)
     assert rest is not None
-    c = _linear(simplify_expr(e))[1]  # type: ignore[index]
+    c = linear_form(simplify_expr(e))[1]  # type: ignore[index]
     out: Expr = E.const(c // size, "int64")
     for t, coef in rest.values():
         out = out + t * (coef // size)

@@ -35,6 +35,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from cuvil import dtype as dt
+from cuvil.cache import BoundedCache
 from cuvil.codegen.llvm_expr import I32, I64, PTR, ExprEmitter, InternalError, mem_type, reg_type
 from cuvil.codegen.llvm_parallel import PARALLEL_STACK_LIMIT, ParallelLoops
 from cuvil.codegen.llvm_vector import VectorLoops, simd_bits
@@ -367,19 +368,21 @@ def _const_size(shape: tuple[Expr, ...]) -> int | None:
 # -- target machines and the optimisation pipeline ---------------------------------
 
 
-_MACHINES: dict[tuple[str, str], llvm.TargetMachine] = {}
+# (canonical target, relocation model) -> its TargetMachine: a process compiles for a few targets
+_MACHINES: BoundedCache[tuple[str, str], llvm.TargetMachine] = BoundedCache("cuvil.codegen.llvm._MACHINES", 32)
 
 
 def target_machine(target: Target | str, reloc: str = "default") -> llvm.TargetMachine:
     """An LLVM TargetMachine for ``target`` at -O3 (``reloc="pic"`` for shared libraries)."""
     target = Target(target)
     key = (target.canonical, reloc)
-    if key not in _MACHINES:
+    tm = _MACHINES.get(key)
+    if tm is None:
         lt = llvm_binding().Target.from_triple(target.triple)
-        _MACHINES[key] = lt.create_target_machine(
+        tm = _MACHINES[key] = lt.create_target_machine(
             cpu=target.cpu, features=target.features, opt=3, reloc=reloc, codemodel="jitdefault" if
             reloc == "default" else "default")
-    return _MACHINES[key]
+    return tm
 
 
 def optimize(ir_text: str, target: Target | str, reloc: str = "default") -> llvm.ModuleRef:

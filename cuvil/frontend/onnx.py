@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from cuvil.dtype import ONNX_TYPE_NAMES
 from cuvil.errors import CuvilError, DTypeError, ModelError, UnsupportedOpError
 from cuvil.graph.ir import Graph, Node, ValueInfo
 
@@ -28,11 +29,6 @@ log = logging.getLogger("cuvil.onnx")
 # TensorProto element types whose data tensor_array checks against the dims (one value per element,
 # two for complex): FLOAT ... UINT64 but STRING, COMPLEX64/128, BFLOAT16
 _PLAIN_TYPES = frozenset([1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 16])
-
-_TYPE_STR = {"float32": "float", "float64": "double", "float16": "float16", "bool": "bool", "int8": "int8",
-             "int16": "int16", "int32": "int32", "int64": "int64", "uint8": "uint8", "uint16": "uint16",
-             "uint32": "uint32", "uint64": "uint64"}
-
 
 # -- loading and importing --------------------------------------------------------------------
 
@@ -74,7 +70,7 @@ def _value_info(vi: Any) -> ValueInfo:
 
     code = (onnx.TensorProto.DataType.Name(t.elem_type).lower()
             if t.elem_type in onnx.TensorProto.DataType.values() else str(t.elem_type))
-    type_str = f"tensor({_TYPE_STR.get(dtype or '', code)})"
+    type_str = f"tensor({ONNX_TYPE_NAMES.get(dtype or '', code)})"
     return ValueInfo(vi.name, dtype, shape, type_str)
 
 

@@ -178,7 +178,7 @@ class Builder:
 # -- walking the FX graph -----------------------------------------------------------------------
 
 
-def _target_name(target: Any) -> str:
+def target_name(target: Any) -> str:
     if isinstance(target, str):
         return target
     overload = getattr(target, "_overloadname", None)  # an OpOverload: "aten::add.Tensor"
@@ -191,7 +191,7 @@ def _target_name(target: Any) -> str:
 def _translation(target: Any) -> Callable | None:
     from cuvil.frontend.torch_ops import TABLE
 
-    return TABLE.get(_target_name(target))
+    return TABLE.get(target_name(target))
 
 
 def unsupported_nodes(fx_graph: Any) -> list[Any]:
@@ -206,7 +206,7 @@ def check_supported(fx_graph: Any, what: str = "the model") -> None:
         if n.op not in ("placeholder", "output", "call_function", "get_attr"):
             missing.setdefault(f"{n.op} {n.target}", []).append(n.name)
         elif n.op == "call_function" and _translation(n.target) is None:
-            missing.setdefault(_target_name(n.target), []).append(n.name)
+            missing.setdefault(target_name(n.target), []).append(n.name)
     if missing:
         parts = [f"{op} (node{'s' if len(ns) > 1 else ''} {', '.join(repr(x) for x in ns[:6])}"
                  f"{', ...' if len(ns) > 6 else ''})" for op, ns in sorted(missing.items())]
@@ -214,7 +214,7 @@ def check_supported(fx_graph: Any, what: str = "the model") -> None:
                                  f"{'; '.join(parts)}")
 
 
-def _meta(n: Any) -> Any:
+def node_meta(n: Any) -> Any:
     return n.meta.get("val", n.meta.get("example_value"))
 
 
@@ -242,11 +242,11 @@ class _Importer:
         try:
             return f(self.b, n, self.resolve(n.args), self.resolve(n.kwargs))
         except UnsupportedOpError as e:
-            raise UnsupportedOpError(f"node {n.name!r} ({_target_name(n.target)}): {e}") from None
+            raise UnsupportedOpError(f"node {n.name!r} ({target_name(n.target)}): {e}") from None
 
     def sym_input(self, n: Any, tensors: list[tuple[str, Any]]) -> Sym | int:
         """A SymInt placeholder (dynamo's size arguments): the size of a tensor input that has it."""
-        d = _dim(_meta(n))
+        d = _dim(node_meta(n))
         if isinstance(d, int):
             return d
         for name, shape in tensors:
@@ -268,7 +268,7 @@ class _Importer:
         tensors: list[tuple[str, Any]] = []
         later = []
         for n, v in zip(placeholders, feeds):
-            m = _meta(n)
+            m = node_meta(n)
             if isinstance(v, np.ndarray):
                 self.env[n] = self.b.const(v)
                 fed.append(None)
@@ -287,16 +287,16 @@ class _Importer:
                 later.append(n)
                 fed.append(None)
         for n in later:  # sizes (dynamo passes a SymInt per symbolic size) and other scalars
-            m = _meta(n)
+            m = node_meta(n)
             self.env[n] = self.sym_input(n, tensors) if isinstance(m, torch.SymInt) else m
         for n in gm.graph.nodes:
             if n.op == "call_function":
                 if not n.users:  # dead (a training output's getitem, an assertion): nothing to compute
                     continue
                 self.env[n] = self.call(n)
-                self.note_shapes(self.env[n], _meta(n))
+                self.note_shapes(self.env[n], node_meta(n))
             elif n.op == "get_attr":
-                self.env[n] = self.b.const(_array(getattr(gm, n.target)))
+                self.env[n] = self.b.const(numpy_copy(getattr(gm, n.target)))
             elif n.op == "output":
                 return Imported(self._graph(inputs, n.args[0], dims), tuple(fed), self._outputs)
         raise ModelError(f"{self.name}: the FX graph has no output node")
@@ -333,7 +333,7 @@ class _Importer:
                 v = self.b.one("Identity", [v], self.b.dtypes[v])
             seen.add(v)
             dt = self.b.dtypes[v]
-            m = _meta(r) if isinstance(r, torch.fx.Node) else None
+            m = node_meta(r) if isinstance(r, torch.fx.Node) else None
             shape = tuple(_dim(d) for d in m.shape) if isinstance(m, torch.Tensor) else None
             outs.append(ValueInfo(v, dt, shape, f"tensor({_TYPE_STR.get(dt, dt)})"))
             plan.append(("tensor", v))
@@ -352,7 +352,7 @@ def _range(d: Any) -> tuple[int, int | None]:
         return 0, None
 
 
-def _array(t: Any) -> np.ndarray:
+def numpy_copy(t: Any) -> np.ndarray:
     """A tensor's values as a numpy array of its own (a copy: later changes to the module's weights do not
     reach a compiled program, as with Inductor's freezing)."""
     import torch
@@ -388,11 +388,11 @@ def import_exported_program(ep: Any, name: str = "torch_model") -> Imported:
             feeds.append(np.asarray(spec.arg.value) if number else spec.arg.name)
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
             src = state[spec.target] if spec.target in state else constants[spec.target]
-            feeds.append(_array(src))
+            feeds.append(numpy_copy(src))
         elif spec.kind in (InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
             if spec.kind == InputKind.CUSTOM_OBJ:
                 raise UnsupportedOpError(f"{name}: custom objects ({spec.target}) are not supported")
-            feeds.append(_array(constants[spec.target]))
+            feeds.append(numpy_copy(constants[spec.target]))
         else:
             raise UnsupportedOpError(f"{name}: input kind {spec.kind} is not supported")
     return _Importer(name).run(ep.graph_module, feeds)

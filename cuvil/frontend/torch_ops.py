@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from cuvil.errors import UnsupportedOpError
-from cuvil.frontend.torch import Builder, Sym, _dim, _meta, torch_dtype_name
+from cuvil.frontend.torch import Builder, Sym, _dim, node_meta, torch_dtype_name
 
 TABLE: dict[str, Callable] = {}
 
@@ -34,7 +34,7 @@ def aten(*names: str) -> Callable[[Callable], Callable]:
 
 def _dt(n: Any) -> str:
     """The dtype of FX node ``n``'s (first) result."""
-    m = _meta(n)
+    m = node_meta(n)
     if isinstance(m, (list, tuple)):
         m = m[0]
     return torch_dtype_name(m.dtype)
@@ -42,11 +42,11 @@ def _dt(n: Any) -> str:
 
 def _shape(a: Any) -> tuple:
     """The meta shape of FX argument ``a`` (ints, and names for symbolic sizes)."""
-    return tuple(_dim(d) for d in _meta(a).shape)
+    return tuple(_dim(d) for d in node_meta(a).shape)
 
 
 def _rank(a: Any) -> int:
-    return len(_meta(a).shape)
+    return len(node_meta(a).shape)
 
 
 def _axis(d: int, rank: int) -> int:
@@ -65,7 +65,7 @@ def _compute_dtype(n: Any) -> str:
     """The dtype torch computes an element-wise node in (its inputs' promoted type)."""
     import torch
 
-    vals = [_meta(a) if isinstance(a, torch.fx.Node) else a for a in n.args if isinstance(a, (torch.fx.Node, int,
+    vals = [node_meta(a) if isinstance(a, torch.fx.Node) else a for a in n.args if isinstance(a, (torch.fx.Node, int,
                                                                                               float, bool))]
     vals = [v for v in vals if isinstance(v, (torch.Tensor, int, float, bool))]
     return torch_dtype_name(torch.result_type(*vals[:2])) if len(vals) >= 2 else _dt(n)
@@ -591,7 +591,7 @@ def _rnn_layer(b: Builder, n: Any, args: tuple, kw: dict) -> tuple:
     ins = [x, b.const(gates(w_ih)[None]), b.const(gates(w_hh)[None]), b.const(bias[None]), "", *states]
     y, yh, yc = b.emit("LSTM", ins, dt, 3, hidden_size=int(hidden), direction="reverse" if reverse else "forward")
     y = b.one("Squeeze", [y, b.const([1], "int64")], dt)
-    outs = [b.one("Squeeze", [s, axis0], dt) if len(m.shape) == 2 else s for s, m in zip((yh, yc), _meta(n)[1:3])]
+    outs = [b.one("Squeeze", [s, axis0], dt) if len(m.shape) == 2 else s for s, m in zip((yh, yc), node_meta(n)[1:3])]
     return y, *outs, None
 
 

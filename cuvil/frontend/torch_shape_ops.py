@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from cuvil.errors import UnsupportedOpError
-from cuvil.frontend.torch import Builder, Sym, torch_dtype_name
-from cuvil.frontend.torch_ops import _axis, _dt, _meta, _rank, _shape, aten
+from cuvil.frontend.torch import Builder, Sym, node_meta, torch_dtype_name
+from cuvil.frontend.torch_ops import _axis, _dt, _rank, _shape, aten
 
 _BIG = 2**62
 
@@ -69,7 +69,7 @@ def _cat(b: Builder, n: Any, args: tuple, kw: dict) -> str:
     dt = _dt(n)
     dim = args[1] if len(args) > 1 else kw.get("dim", 0)
     rank = _rank(n)
-    parts = [b.tensor(t, dt) for t, a in zip(args[0], n.args[0]) if _meta(a).shape != (0,) or rank == 1]
+    parts = [b.tensor(t, dt) for t, a in zip(args[0], n.args[0]) if node_meta(a).shape != (0,) or rank == 1]
     if len(parts) == 1:  # a cache's first append (torch.cat([empty, past])): no copy
         return b.one("Identity", parts, dt)
     return b.one("Concat", parts, dt, axis=_axis(dim, rank))
@@ -147,7 +147,7 @@ def _index(b: Builder, n: Any, args: tuple, kw: dict) -> str:
     at = [k for k, i in enumerate(indices) if i is not None]
     if not at or at != list(range(at[0], at[-1] + 1)):
         raise UnsupportedOpError("index tensors on dimensions that are not adjacent")
-    if any(_meta(n.args[1][k]).dtype.is_floating_point or str(_meta(n.args[1][k]).dtype) == "torch.bool"
+    if any(node_meta(n.args[1][k]).dtype.is_floating_point or str(node_meta(n.args[1][k]).dtype) == "torch.bool"
            for k in at):
         raise UnsupportedOpError("boolean or floating index tensors (masks)")
     if len(at) == 1:
@@ -326,7 +326,7 @@ def _as_strided(b: Builder, n: Any, args: tuple, kw: dict) -> str:
     of static shape, the elements it reads are a Gather of constant positions."""
     x, size, stride = args[0], list(args[1]), list(args[2])
     offset = args[3] if len(args) > 3 and args[3] is not None else kw.get("storage_offset", 0) or 0
-    m = _meta(n.args[0])
+    m = node_meta(n.args[0])
     dt = _dt(n)
     if not (_static(size) and _static(stride) and _static(m.shape)):
         raise UnsupportedOpError("as_strided with symbolic sizes")

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from cuvil.cache import BoundedCache
 from cuvil.errors import BoundsError, CuvilError, IslBudgetError, ModelError, UnsupportedOpError
 from cuvil.graph import kernel_cache
 from cuvil.graph.compiled import CompiledGraph, Slot, contiguous, link, temp_bytes
@@ -184,15 +185,19 @@ def kernel_name(key: tuple) -> str:
 
 # -- kernels ----------------------------------------------------------------------------------
 
-_KERNELS: dict[tuple, Any] = {}  # (target, node key) -> LoweredFunc named "k", shared by every session
-_FALLBACK_OF: dict[tuple, str] = {}  # node key -> why its kernel took a plainer schedule (for cached kernels)
+# (target, node key) -> (LoweredFunc named "k", why it took a plainer schedule or None), shared by every
+# session.  A model has tens of distinct kernels (ResNet-50: 44; docs/pipeline.md), a few hundred at most:
+# 1024 keep several models' warm; an evicted one is read back from the on-disk cache (kernel_cache), or
+# lowered again when that is off
+_KERNELS: BoundedCache[tuple, tuple[Any, str | None]] = BoundedCache("cuvil.graph.compile._KERNELS", 1024)
 
 
 def clear_kernels() -> None:
     """Forget the kernels lowered in this process (the next compile lowers them again, or reads them from
-    the on-disk cache, :func:`cuvil.graph.kernel_cache.clear` empties that)."""
+    the on-disk cache, :func:`cuvil.graph.kernel_cache.clear` empties that), and the modules that folded
+    constants with them."""
     _KERNELS.clear()
-    _FALLBACK_OF.clear()
+    _FOLDERS.clear()
 
 
 def _digest(a: np.ndarray) -> str:
@@ -237,9 +242,11 @@ def lower_kernel(what: str, args: list[Any], placeholders: list[Any], options: C
             with scheduling(what):  # its fallbacks' log lines name the node
                 s = cuvil.auto_schedule(args, target, heuristics=options.heuristics)
                 if tuning_db is not None:
-                    from cuvil.autotune.replay import apply_best
+                    from cuvil.runtime.threads import get_num_threads
+                    from cuvil.schedule.records import apply_best
 
-                    s = apply_best(s, args, target, tuning_db)  # a replayed record: a fresh schedule
+                    # a replayed record: a fresh schedule
+                    s = apply_best(s, args, target, tuning_db, threads=get_num_threads())
             func = cuvil.lower(s, args, name="k", bounds_checks=bounds_checks)
             lost = [str(f) for f in getattr(s, "fallbacks", ()) if f.loss]
             return func, (f"its automatic schedule fell back: {'; '.join(lost)}" if lost else None)
@@ -401,21 +408,21 @@ class _GraphCompiler:
             db = _db_key(self.tuning_db)
             cached = db is not None
             key = key + (db,)
-        func = _KERNELS.get(key) if cached else None
-        if func is None:
+        hit = _KERNELS.get(key) if cached else None
+        if hit is not None:
+            func, why = hit
+        else:
             func = kernel_cache.load(key) if cached else None
             if func is None:
                 func, why = lower_kernel(label, args, [p for _, _, p in placeholders], self.options)
-                if why is not None:
-                    _FALLBACK_OF[key] = why
                 if cached:
                     kernel_cache.store(key, func)
                     if why is not None:
                         kernel_cache.store(("fallback",) + key, why)
-            elif (why := kernel_cache.load(("fallback",) + key)) is not None:
-                _FALLBACK_OF[key] = why
+            else:
+                why = kernel_cache.load(("fallback",) + key)
             if cached:
-                _KERNELS[key] = func
+                _KERNELS[key] = (func, why)
         ins = [ctx.entries[i] for ctx, i, _ in placeholders]
         if all(isinstance(e, np.ndarray) for e in ins):
             try:
@@ -424,8 +431,8 @@ class _GraphCompiler:
             except BoundsError as exc:  # an index out of range among constants: refused while compiling
                 raise BoundsError(f"{label}: {exc}") from None
             return [r.reshape(shape) for r, (_, shape) in zip(results, outs)]
-        if key in _FALLBACK_OF:
-            self.fallbacks.append(f"{label}: {_FALLBACK_OF[key]}")
+        if why is not None:
+            self.fallbacks.append(f"{label}: {why}")
         if self.on_kernel is not None:
             self.on_kernel(key, args, label)
         origin = frozenset().union(*(e.origin for e in ins if isinstance(e, Runtime)))
@@ -464,7 +471,8 @@ def _copy(e: Runtime, slots: list[Slot], calls: list, target: Any) -> Runtime:
     from cuvil import te
 
     key = (target.canonical, "copy", e.shape, e.dtype)
-    func = _KERNELS.get(key) or kernel_cache.load(key)
+    hit = _KERNELS.get(key)
+    func = hit[0] if hit is not None else kernel_cache.load(key)
     if func is None:
         import cuvil
 
@@ -472,13 +480,16 @@ def _copy(e: Runtime, slots: list[Slot], calls: list, target: Any) -> Runtime:
         y = te.compute(e.shape, lambda *i: x[i], name="copy")
         func = cuvil.lower(cuvil.auto_schedule([x, y], target), [x, y], name="k")
         kernel_cache.store(key, func)
-    _KERNELS[key] = func
+    _KERNELS[key] = (func, None)
     slots.append(Slot("temp", e.dtype, math.prod(e.shape)))
     calls.append((func, (e.slot, len(slots) - 1)))
     return dataclasses.replace(e, slot=len(slots) - 1)
 
 
-_FOLDERS: dict[tuple, Any] = {}
+# (id(kernel), target) -> (the kernel, kept alive so that its id stays its own; its JIT module).  Folding
+# runs while a model compiles, and its layers repeat a few folded kernels: the registry's bert-base QDQ file
+# folds with 8 distinct ones, GPT-2's with 7.  16 keep such repeats hits; older modules' machine code is freed
+_FOLDERS: BoundedCache[tuple, tuple[Any, Any]] = BoundedCache("cuvil.graph.compile._FOLDERS", 16)
 
 
 def _fold(func: Any, ins: list[np.ndarray], out_shapes: list[tuple[tuple[int, ...], str]], target: Any
@@ -492,9 +503,10 @@ def _fold(func: Any, ins: list[np.ndarray], out_shapes: list[tuple[tuple[int, ..
     if not target.is_host:
         target = Target("llvm")
     key = (id(func), target.canonical)
-    if key not in _FOLDERS:
-        _FOLDERS[key] = (func, Module(func, target))
-    mod = _FOLDERS[key][1]
+    hit = _FOLDERS.get(key)
+    if hit is None:
+        hit = _FOLDERS[key] = (func, Module(func, target))
+    mod = hit[1]
     outs = [np.empty(shape, dtype) for shape, dtype in out_shapes]
     mod(*[contiguous(a) for a in ins], *outs)
     return outs

@@ -53,10 +53,10 @@ class TensorSpec:
         return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     def to_json(self) -> dict[str, Any]:
-        from cuvil.frontend.onnx import _TYPE_STR
+        from cuvil.dtype import ONNX_TYPE_NAMES
 
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape),
-                "type": f"tensor({_TYPE_STR.get(self.dtype, self.dtype)})"}
+                "type": f"tensor({ONNX_TYPE_NAMES.get(self.dtype, self.dtype)})"}
 
 
 def align(x: int) -> int:

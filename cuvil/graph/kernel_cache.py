@@ -34,11 +34,13 @@ def cache_dir() -> str | None:
 
 # sources that cannot change a lowered kernel or its machine code (command line, benchmarks, the tuner's
 # search and measurement, the session's plumbing, export, loading a .so): editing them keeps the cache
-# valid.  The tuner's record lookup and replay (autotune/replay.py, database.py, workload.py) are in the
+# valid.  The tuning-record lookup and replay (schedule/records.py, database.py, workload.py) are in the
 # key, and so is any new file: an omission costs a recompile, never a stale kernel
 _NOT_IN_KERNELS = frozenset({
     "autotune/__init__.py", "autotune/api.py", "autotune/cli.py", "autotune/measure.py", "autotune/model.py",
     "autotune/models.py", "autotune/search.py", "autotune/space.py", "autotune/worker.py",
+    "autotune/database.py", "autotune/replay.py", "autotune/workload.py",  # re-exports of schedule/'s
+    "layers.py",
     "cli.py", "cli_onnx.py", "bench.py", "bench_model.py", "bench_registry.py", "bench_torch.py",
     "zoo.py", "onnx.py", "registry", "decorator.py",
     "frontend", "torch",  # importers write graph IR: a kernel's key holds its op, attributes and shapes

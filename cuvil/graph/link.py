@@ -199,7 +199,7 @@ class LinkedModule:
 
         if self._engine is None:
             return
-        if self.session_threads is not None and threads._explicit is None:
+        if self.session_threads is not None and threads.explicit_num_threads() is None:
             count = self.session_threads
         self._setter(count)
 

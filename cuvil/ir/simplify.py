@@ -31,14 +31,14 @@ def skey(e: Expr) -> tuple:
     return (type(e).__name__, e.dtype, tag, extra) + tuple(skey(c) for c in children(e))
 
 
-def _linear(e: Expr) -> tuple[dict[tuple, tuple[Expr, int]], int] | None:
+def linear_form(e: Expr) -> tuple[dict[tuple, tuple[Expr, int]], int] | None:
     """``e`` as ``sum(coef * term) + const`` over int64, terms keyed structurally."""
     if e.dtype != "int64":
         return None
     if isinstance(e, Const):
         return {}, int(e.value)
     if isinstance(e, Binary) and e.op in ("add", "sub"):
-        a, b = _linear(e.a), _linear(e.b)
+        a, b = linear_form(e.a), linear_form(e.b)
         if a is None or b is None:
             return None
         sign = 1 if e.op == "add" else -1
@@ -49,19 +49,19 @@ def _linear(e: Expr) -> tuple[dict[tuple, tuple[Expr, int]], int] | None:
         return terms, a[1] + sign * b[1]
     if isinstance(e, Binary) and e.op == "mul" and (isinstance(e.a, Const) or isinstance(e.b, Const)):
         c, x = (e.a, e.b) if isinstance(e.a, Const) else (e.b, e.a)
-        inner = _linear(x)
+        inner = linear_form(x)
         if inner is None:
             return None
         k = int(c.value)
         return {key: (t, v * k) for key, (t, v) in inner[0].items()}, inner[1] * k
     if isinstance(e, Unary) and e.op == "neg":
-        inner = _linear(e.a)
+        inner = linear_form(e.a)
         if inner is None:
             return None
         return {key: (t, -v) for key, (t, v) in inner[0].items()}, -inner[1]
     if isinstance(e, Binary) and e.op == "floormod" and isinstance(e.b, Const) and e.b.value > 0:
         # x % c == x - c * (x // c) for floor semantics: tile offsets cancel against each other
-        inner = _linear(e.a)
+        inner = linear_form(e.a)
         if inner is not None:
             q = Binary("int64", "floordiv", e.a, e.b)
             terms = dict(inner[0])
@@ -131,7 +131,7 @@ def _interval(terms: dict[tuple, tuple[Expr, int]], c: int, bounds: Bounds) -> t
 
 def _divmod(e: Binary, a: Expr, c: int, bounds: Bounds) -> Expr | None:
     """``(c * q + r) // c == q + r // c``; ``r // c`` and ``r % c`` fold when r's range is known."""
-    lin = _linear(a)
+    lin = linear_form(a)
     if lin is None:
         return None
     quot: dict[tuple, tuple[Expr, int]] = {}
@@ -221,7 +221,7 @@ class Simplifier(ExprMutator):
                 return E.const(0, e.dtype)
         out = e if (a is e.a and b is e.b) else Binary(e.dtype, e.op, a, b)
         if e.dtype == "int64" and e.op in ("add", "sub", "mul"):
-            lin = _linear(out)
+            lin = linear_form(out)
             if lin is not None:
                 pushed = self._into_minmax(*lin)
                 return pushed if pushed is not None else _rebuild(*lin)
@@ -372,7 +372,7 @@ def _refine(cond: Expr, negate: bool, bounds: Bounds) -> tuple[Var, int, int] | 
     """(v, lo, hi) when ``cond`` (or its negation) is ``k * v + c (cmp) 0`` for one bounded loop variable."""
     if not (isinstance(cond, Binary) and cond.op in _FLIP and cond.a.dtype == "int64" and cond.b.dtype == "int64"):
         return None
-    lin = _linear(Binary("int64", "sub", cond.a, cond.b))
+    lin = linear_form(Binary("int64", "sub", cond.a, cond.b))
     if lin is None:
         return None
     terms = [(t, k) for t, k in lin[0].values() if k]

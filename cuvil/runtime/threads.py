@@ -40,6 +40,11 @@ def set_num_threads(n: int | None) -> None:
         m._set_threads(count)
 
 
+def explicit_num_threads() -> int | None:
+    """The count :func:`set_num_threads` gave, or None when it was not called (or was reset)."""
+    return _explicit
+
+
 def get_num_threads() -> int:
     """The thread count parallel loops use: set_num_threads > CUVIL_NUM_THREADS > all cores."""
     if _explicit is not None:

@@ -31,6 +31,7 @@ from typing import Any
 
 import islpy as isl
 
+from cuvil.cache import BoundedCache
 from cuvil.errors import IslBudgetError, ShapeError
 from cuvil.ir import expr as E
 from cuvil.ir.expr import Binary, Const, Expr, Select, TensorRead, Unary, Var
@@ -41,7 +42,10 @@ from cuvil.te.tensor import PlaceholderOp, Tensor
 
 log = logging.getLogger("cuvil.schedule")
 _ISL_CMP = {"eq": "=", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
-_PROVED: dict[tuple[int, ...], tuple[tuple[Any, ...], list[tuple[Expr, CheckSite]]]] = {}
+# id(op) of a program's outputs -> (those ops, the conditions to check at run time): the tuner lowers one
+# program under many schedules, so the proof is needed for one program at a time
+_PROVED: BoundedCache[tuple[int, ...], tuple[tuple[Any, ...], list[tuple[Expr, CheckSite]]]] = BoundedCache(
+    "cuvil.schedule.bounds._PROVED", 256)
 
 
 def prove_bounds(args: Sequence[Any], name: str) -> list[tuple[Expr, CheckSite]]:
@@ -65,8 +69,6 @@ def prove_bounds(args: Sequence[Any], name: str) -> list[tuple[Expr, CheckSite]]
         log.warning("%s: its accesses are not proved in bounds (%s); data-dependent indices are still "
                     "checked when it runs", name, str(exc).splitlines()[0])
         entry = []
-    if len(_PROVED) > 256:
-        _PROVED.clear()
     _PROVED[key] = (tuple(t.op for t in outputs), entry)
     return entry
 

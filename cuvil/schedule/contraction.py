@@ -74,9 +74,9 @@ def unit_stride_last(read: TensorRead, v: IterVar) -> bool:
     last = read.indices[-1]
     if last is v:
         return True
-    from cuvil.ir.simplify import _linear
+    from cuvil.ir.simplify import linear_form
 
-    lin = _linear(last)
+    lin = linear_form(last)
     if lin is None:
         return False
     coef = [k for t, k in lin[0].values() if t is v]

@@ -3,7 +3,7 @@
 One row per candidate, committed in its own transaction as soon as it is measured,
 so a run killed with ``kill -9`` loses only the candidates in flight, and a rerun
 counts what is there and goes on.  Rows are filed under the workload key
-(:mod:`cuvil.autotune.workload`), the canonical target and the thread count::
+(:mod:`cuvil.schedule.workload`), the canonical target and the thread count::
 
     db = Database("cuvil-tuning.db")
     db.best(key, target, threads)           # the fastest correct record, or None
@@ -32,8 +32,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from cuvil.autotune.workload import SCHEMA_VERSION
 from cuvil.errors import ArgumentError, CuvilError
+from cuvil.schedule.workload import SCHEMA_VERSION
 
 FINAL_MARGIN = 0.03  # a final round's winner must beat the untuned schedule by this much to replace it (timing
 # the same kernels in the runner and in the user's process differs by a few percent on this machine)

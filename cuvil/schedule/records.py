@@ -1,4 +1,6 @@
-"""What ``cuvil.build(s, args, target, tuning_db=db)`` does with the database.
+"""Tuning-record lookup: what ``cuvil.build(s, args, target, tuning_db=db)`` and the graph compiler do with the
+tuning database (:mod:`cuvil.schedule.database`, written by :mod:`cuvil.autotune`).  It lives below both, so
+that neither imports the tuner; ``cuvil.autotune.replay`` re-exports it.
 
 :func:`apply_best` looks the program up by its workload key (name-independent), takes the
 fastest correct record for the canonical target (the current thread count's when there is
@@ -105,15 +107,16 @@ def _best(db: Any, wl: Any, threads: int) -> Any:
     return None
 
 
-def apply_best(s: Any, args: Sequence[Any], target: Any, tuning_db: Any, board: str | None = None) -> Any:
+def apply_best(s: Any, args: Sequence[Any], target: Any, tuning_db: Any, board: str | None = None, *,
+               threads: int) -> Any:
     """The schedule ``build`` should compile: the best record's trace replayed on a fresh schedule, or ``s``.
-    ``board`` names the board kind whose records count (see the module doc)."""
-    from cuvil.autotune.database import Database
-    from cuvil.autotune.workload import workload_of
-    from cuvil.runtime.threads import get_num_threads
+    ``board`` names the board kind whose records count (see the module doc); ``threads`` is the thread count
+    the kernel will run with (``cuvil.get_num_threads()``: records of that count are preferred)."""
+    from cuvil.schedule.database import Database
     from cuvil.schedule.fallback import REFUSED, fall_back
     from cuvil.schedule.schedule import Schedule
     from cuvil.schedule.trace import replay, trace_from_json
+    from cuvil.schedule.workload import workload_of
     from cuvil.te.tensor import PlaceholderOp, Tensor
 
     if isinstance(tuning_db, Database):
@@ -131,7 +134,6 @@ def apply_best(s: Any, args: Sequence[Any], target: Any, tuning_db: Any, board: 
         raise ArgumentError(f"board must be a board kind's name (str), got {type(board).__name__}")
     try:
         wl = workload_of(args, target)
-        threads = get_num_threads()
         rec = None
         for view in scope(db, board):
             rec = _best(view, wl, threads)

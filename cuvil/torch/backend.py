@@ -204,11 +204,11 @@ class _Compiled:
     def _build(self, weights: list[Any]) -> _Variant:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-        from cuvil.frontend.torch import _array
+        from cuvil.frontend.torch import numpy_copy
 
         with unset_fake_temporarily():  # aot_autograd calls the compiler under its fake mode
             try:
-                consts = {k: _array(t) for k, t in zip(self.frozen, weights)}
+                consts = {k: numpy_copy(t) for k, t in zip(self.frozen, weights)}
             except DTypeError as e:  # bfloat16 weights
                 if self.opts["strict"]:
                     raise
@@ -294,7 +294,7 @@ def _partitioned(aten: Any, consts: dict[int, np.ndarray], opts: dict[str, Any],
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
 
-    from cuvil.frontend.torch import _target_name
+    from cuvil.frontend.torch import target_name
 
     class Support(OperatorSupportBase):
         def is_node_supported(self, submodules: Any, node: Any) -> bool:
@@ -328,7 +328,7 @@ def _partitioned(aten: Any, consts: dict[int, np.ndarray], opts: dict[str, Any],
         if not refused:
             break
         eager |= refused
-    ops = sorted({_target_name(nodes[n].target) if nodes[n].op == "call_function" else f"{nodes[n].op} "
+    ops = sorted({target_name(nodes[n].target) if nodes[n].op == "call_function" else f"{nodes[n].op} "
                   f"{nodes[n].target}" for n in eager})
     log.warning("cuvil.torch: %s: %d ATen operator(s) run in eager torch, the graph split around them into %d "
                 "cuvil part(s): %s", name, len(ops), pieces, ", ".join(ops))
@@ -342,7 +342,7 @@ class _Program:
     def __init__(self, gm: Any, consts: dict[int, np.ndarray], opts: dict[str, Any], name: str):
         import torch
 
-        from cuvil.frontend.torch import _meta, import_graph_module
+        from cuvil.frontend.torch import import_graph_module, node_meta
         from cuvil.onnx import InferenceSession
 
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -355,7 +355,7 @@ class _Program:
         result = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         self.several = isinstance(result, (list, tuple))
         flat = result if self.several else [result]
-        self.ints = [isinstance(_meta(r) if isinstance(r, torch.fx.Node) else r, (int, torch.SymInt)) for r in flat]
+        self.ints = [isinstance(node_meta(r) if isinstance(r, torch.fx.Node) else r, (int, torch.SymInt)) for r in flat]
         self.plan = [(kind, v, as_int) for (kind, v), as_int in zip(self.imported.outputs, self.ints)]
 
         # the common case, tensor results only: the outputs straight from the native program's results

@@ -11,6 +11,7 @@ import numpy as np
 
 from cuvil import dtype as dt
 from cuvil import te
+from cuvil.cache import BoundedCache
 from cuvil.errors import DTypeError
 from cuvil.graph.ops import bf16
 from cuvil.graph.ops.base import NodeCtx, Shaped, bcast_read, broadcast_shapes, norm_axis, op
@@ -82,6 +83,8 @@ def conv(ctx: NodeCtx) -> list:
     if _winograd_pays(ctx, xs, ws, g, kernel, strides, dil, out):
         ctx.variant = "winograd"  # keys the kernel: a compile with winograd=False is another kernel
         return [_winograd_conv(ctx, xs, ws, begin, out)]
+    if _flat_grouped(ctx, xs, ws, g, strides, out):
+        return [_grouped_flat(ctx, xs, ws, g, kernel, strides[0], dil, begin, out)]
     X = ctx.tensor(0)
     has_bias = ctx.has(2)  # before compile-time constants are appended to the entries
     w_read = _filter_panels(ctx, np.asarray(ctx.entries[1])) if g == 1 and ctx.known(1) else None
@@ -257,6 +260,70 @@ def _winograd_conv(ctx: NodeCtx, xs: tuple[int, ...], ws: tuple[int, ...], begin
 
     Y = te.compute((n_, k_, th, 2, tw, 2), out_body, name="wino_out")
     return Shaped(Y, (n_, k_) + tuple(out))
+
+
+def _flat_grouped(ctx: NodeCtx, xs: tuple[int, ...], ws: tuple[int, ...], g: int, strides: list[int],
+                  out: list[int]) -> bool:
+    """Whether a grouped 2-D convolution runs over its flattened (phase-split) image (:func:`_grouped_flat`):
+    several filters per group but fewer than one register tile's two vectors of columns (a group's filters
+    cannot fill the lanes: RegNet's group width 8 against 2 x 16 lanes on AVX-512), and output rows narrower
+    than that tile (rows of 28, 14 or 7 pixels filled the tile in part: 2-7 GFLOP/s; rows of 56 ran well as
+    they are) or strided (a stride-2 window read every other pixel: 4 GFLOP/s on AVX2 and AVX-512 alike); the
+    same stride along both axes."""
+    tgt = ctx.target
+    if len(xs) != 4 or g == 1 or strides[0] != strides[1] or tgt is None or getattr(tgt, "kind", "") != "llvm":
+        return False
+    tile = 2 * max(4, tgt.vector_bits // (8 * np.dtype(ctx.dtype(0)).itemsize))
+    return 1 < ws[0] // g < tile and (out[1] < tile or strides[0] > 1)
+
+
+def _grouped_flat(ctx: NodeCtx, xs: tuple[int, ...], ws: tuple[int, ...], g: int, kernel: list[int],
+                  stride: int, dil: list[int], begin: list[int], out: list[int]) -> Shaped:
+    """A grouped 2-D convolution as one contraction per group over the image's rows laid end to end.
+
+    The padded input is split into ``stride x stride`` phases (pixel ``(s * i + py, s * j + px)`` goes to phase
+    ``(py, px)`` at ``(i, j)``), each phase flattened with row width ``wq``: output pixel ``p = y * wq + x``
+    then reads tap ``(ky, kx)`` at ``p + (ky * dy // s) * wq + kx * dx // s`` of phase ``(ky * dy % s, kx * dx %
+    s)``, a unit-stride run of pixels whatever the row width, so pixels fill the vector lanes.  The ``wq - ow``
+    columns past each row's end are computed and dropped (2 of 30 at 28x28); the output stage reads the others."""
+    n, c, h, w = xs
+    cg, pg = ws[1], ws[0] // g
+    kh, kw = kernel
+    oh, ow = out
+    st, (dy, dx), (a0, a1) = stride, dil, begin
+    b = ctx.tensor(2) if ctx.has(2) else None  # (before the constant table joins the entries)
+    wq = max(ow + (kw - 1) * dx // st, -(-(a1 + w) // st))  # phase row width: the taps' reach and every column
+    size = (oh + (kh - 1) * dy // st) * wq + (kw - 1) * dx // st  # the last row's dropped columns read past it
+    # where each phase pixel comes from in the flattened input image, -1 for padding: a table built now (a
+    # gather per pixel at run time; the row and column arithmetic and bounds tests cost ~5 cycles a pixel)
+    qi = np.arange(size)
+    yy = (qi // wq)[None, None, :] * st + np.arange(st)[:, None, None] - a0
+    xx = (qi % wq)[None, None, :] * st + np.arange(st)[None, :, None] - a1
+    src = np.where((yy >= 0) & (yy < h) & (xx >= 0) & (xx < w), yy * w + xx, -1).astype(np.int32)
+    T = ctx.constant(src, keyed=False)
+    X = ctx.tensor(0, (n, c, h * w))
+
+    def phase_body(n_: Any, ch: Any, py: Any, px: Any, q: Any) -> Any:
+        i = T[py, px, q]
+        return te.if_then_else(i >= 0, X[n_, ch, te.max(i, 0)], te.const(0, X.dtype))
+
+    Xp = te.compute((n, c, st, st, size), phase_body, name="conv_phases")
+    W = ctx.tensor(1)
+    rc = te.reduce_axis((0, cg), name="rc")
+    ry = te.reduce_axis((0, kh), name="rk0")
+    rx = te.reduce_axis((0, kw), name="rk1")
+
+    def tap(n_: Any, grp: Any, p: Any) -> Any:
+        return Xp[n_, grp * cg + rc, (ry * dy) % st, (rx * dx) % st, p + (ry * dy // st) * wq + rx * dx // st]
+
+    rows = te.compute((n, g, pg, oh * wq), lambda n_, grp, m, p: te.sum(
+        tap(n_, grp, p) * W[grp * pg + m, rc, ry, rx], axis=[rc, ry, rx]), name="conv_groups")
+
+    def pick(n_: Any, grp: Any, m: Any, y: Any, x: Any) -> Any:
+        v = rows[n_, grp, m, y * wq + x]
+        return v + b[grp * pg + m] if b is not None else v
+
+    return Shaped(te.compute((n, g, pg, oh, ow), pick, name="conv_rows"), (n, ws[0], oh, ow))
 
 
 def _grouped_conv(ctx: NodeCtx, X: Tensor, w_read: Any, shape: tuple[int, ...], g: int, cg: int, per_group: int,
@@ -460,7 +527,10 @@ def matmul(ctx: NodeCtx) -> list:
     return [te.compute(out, body, name="matmul")]
 
 
-_PANELS: dict[tuple, tuple[Any, np.ndarray]] = {}  # (id(source), how) -> (weak reference to source, panels)
+# (id(source), how, shape, panel width) -> (weak reference to source, panels).  An entry leaves with its source
+# array (weakref.finalize below); the limit, above an LLM's count of weight matrices, caps a process that
+# keeps many graphs alive (a miss packs the weights again)
+_PANELS: BoundedCache[tuple, tuple[Any, np.ndarray]] = BoundedCache("cuvil.graph.ops.nn._PANELS", 1024)
 
 
 def _weight_panels(ctx: NodeCtx, w: np.ndarray, source: Any = None, how: Any = None) -> Any:
