@@ -168,27 +168,32 @@ def resize(ctx: NodeCtx) -> list:
         mask = ctx.constant(inside) if not inside.all() else None
         per_axis.append((ctx.constant(idx), ctx.constant(wt), idx.shape[1], mask))
 
-    def body(*i: Any) -> Any:
+    def weighted(src: Any, i: tuple[Any, ...], sel: list[int]) -> Any:
+        """The weighted sum of ``src``'s table-indexed reads over the resized axes in ``sel`` (the others
+        read at ``i``)."""
         terms = []
-        choices = [range(p[2]) if p is not None else [None] for p in per_axis]
+        choices = [range(per_axis[d][2]) if d in sel else [None] for d in range(rank)]
         for combo in itertools.product(*choices):
-            src, weight = [], None
+            at, weight = [], None
             for d, k in enumerate(combo):
-                p = per_axis[d]
-                if p is None:
-                    src.append(i[d])
+                if k is None:
+                    at.append(i[d])
                     continue
-                src.append(p[0][i[d], k])
+                p = per_axis[d]
+                at.append(p[0][i[d], k])
                 if mode != "nearest":
                     wd = p[1][i[d], k]
                     weight = wd if weight is None else weight * wd
-            v = X[tuple(src)]
+            v = src[tuple(at)]
             if weight is not None:
                 v = te.cast(v, weight.dtype) * weight if v.dtype != weight.dtype else v * weight
             terms.append(v)
         acc = terms[0]
         for t in terms[1:]:
             acc = acc + t
+        return acc
+
+    def finish(acc: Any, i: tuple[Any, ...]) -> Any:
         if acc.dtype != dtype:
             acc = te.cast(te.round(acc), dtype) if dtype not in ("float16",) and not dtype.startswith("float") \
                 else te.cast(acc, dtype)
@@ -197,4 +202,21 @@ def resize(ctx: NodeCtx) -> list:
             acc = te.if_then_else(te.all(*masks), acc, te.const(extrap, dtype))
         return acc
 
-    return [te.compute(tuple(out), body, name="resize")]
+    resized = [d for d, p in enumerate(per_axis) if p is not None]
+    inner = resized[-1] if resized else None
+    if (mode != "nearest" and len(resized) >= 2 and inner == rank - 1 and per_axis[inner][2] > 1
+            and dtype in ("float32", "float64")):
+        # separable: the outer axes first, reading whole input rows (unit stride along the last axis), then the
+        # last axis, a gather along the row: K + K reads per output instead of K^2 gathers (bilinear 2x, 64
+        # channels at 64x64: 1.70x onnxruntime's time in one pass, 1.24x so).  The second pass is a reduction over
+        # its taps, so the scheduler computes the rows once instead of inlining them into every tap.  (The last
+        # axis first, on the smaller input rows, and the outer axes as the reduction ran 2.57x: the scheduler
+        # tiles that reduction as a contraction with indirect rows.)
+        mid = tuple(xs[d] if d == inner else out[d] for d in range(rank))
+        rows = te.compute(mid, lambda *i: weighted(X, i, resized[:-1]), name="resize_rows")
+        idx, wt, k = per_axis[inner][:3]
+        rk = te.reduce_axis((0, k), name="rk")
+        cols = te.compute(tuple(out), lambda *i: te.sum(rows[i[:-1] + (idx[i[-1], rk],)] * wt[i[-1], rk], axis=rk),
+                          name="resize_cols")
+        return [te.compute(tuple(out), lambda *i: finish(cols[i], i), name="resize")]
+    return [te.compute(tuple(out), lambda *i: finish(weighted(X, i, resized), i), name="resize")]
