@@ -44,6 +44,12 @@ from cuvil.errors import CuvilError, UnsupportedOpError  # noqa: E402
 XFAIL: dict[tuple[str, str, str], tuple[type[BaseException], str]] = {
     ("lstm", "*", "dynamic"): (UnsupportedOpError, "LSTM node ...: cannot unroll it: the shapes of X, W and R "
                                                    "must be static (the steps are unrolled at compile time)"),
+    # nn.EmbeddingBag(mode="sum") with offsets: both exporters write a Loop over the bags (dynamo: with
+    # SequenceEmpty / ConcatFromSequence), which cuvil refuses (issue 29)
+    **{("dlrm", exporter, kind): (UnsupportedOpError, f"the model uses {ops} cuvil does not support at opset {opset}")
+       for exporter, ops, opset in (("dynamo", "ConcatFromSequence, Loop, SequenceEmpty", 18),
+                                    ("torchscript", "Loop", 17))
+       for kind in ("static", "full")},
 }
 
 # models also exported with dynamic axes (batch; and sequence for text; past length for the decode step) and
@@ -59,6 +65,7 @@ def _cases(models: list[str], kind: str) -> list:
         for exporter in registry.EXPORTERS:
             known = XFAIL.get((name, exporter, kind)) or XFAIL.get((name, "*", kind))
             marks = [pytest.mark.xfail(strict=True, raises=known[0], reason=known[1])] if known else []
+            marks += [pytest.mark.slow] if name in registry.WIDENED else []  # (once per CI run: registry.WIDENED)
             out.append(pytest.param(name, exporter, id=f"{name}-{exporter}", marks=marks))
     return out
 
@@ -137,7 +144,7 @@ def test_dynamic_batch(exported, name: str, exporter: str) -> None:
 # -- the registry's contract ------------------------------------------------------------------------------
 
 def test_registry_entries() -> None:
-    assert len(registry.names()) == len(set(registry.names())) >= 19
+    assert len(registry.names()) == len(set(registry.names())) >= 38
     for name in registry.names():
         e = registry.MODELS[name]
         assert e.name == name and e.family and e.description and callable(e.build)

@@ -102,8 +102,29 @@ def _needs(family: str) -> list:
     return []
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_needs(registry.MODELS[n].family), id=n)
-                                  for n in registry.names()])
+# registry models the backend cannot compile yet (strict; dynamo raises BackendCompilerFailed) -> what the
+# UnsupportedOpError inside it says; a fix shows up as XPASS, and its entry is taken out
+XFAIL = {
+    "tcn": "aten::linalg_vector_norm.default has no translation (weight_norm's parametrization recomputes "
+           "g * v / ||v|| on every call)",
+    "gcn": "aten::scatter_add.default has no translation (the message passing and the degree count)",
+    "fpn": "aten::native_group_norm.default has no translation (GroupNorm in the semantic branch)",
+    "dlrm": "aten::_embedding_bag.default has no translation (nn.EmbeddingBag)",
+    "wav2vec2-base": "aten::linalg_vector_norm.default and aten::native_group_norm.default have no translation (the "
+                     "weight-normalised positional conv, the feature encoder's GroupNorm)",
+}
+
+
+def _marks(name: str) -> list:
+    once = [pytest.mark.slow] if name in registry.WIDENED else []  # (once per CI run: registry.WIDENED)
+    if name in XFAIL:
+        return [pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.BackendCompilerFailed, reason=XFAIL[name])
+                ] + once
+    entry = registry.MODELS[name]
+    return _needs("text" if entry.build.__qualname__.startswith("hf.") else entry.family) + once  # (hf: transformers)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n), id=n) for n in registry.names()])
 def test_registry_model_matches_eager(name: str) -> None:
     model, inputs, _ = registry.MODELS[name].build("ci")
     args = list(inputs.values())

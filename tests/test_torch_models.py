@@ -35,7 +35,7 @@ import torch  # noqa: E402
 import cuvil  # noqa: E402
 import cuvil.torch  # noqa: E402
 from cuvil import registry  # noqa: E402
-from cuvil.errors import ArgumentError, ShapeError  # noqa: E402
+from cuvil.errors import ArgumentError, ShapeError, UnsupportedOpError  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "docs", "examples", "run_model.c")
@@ -58,7 +58,29 @@ def assert_matches(got, ref, atol: float = ATOL) -> None:
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=RTOL, atol=atol)
 
 
-@pytest.mark.parametrize("name", registry.names())
+# registry models cuvil.torch.compile cannot compile yet -> (the exception raised today, what it says); strict: a
+# fix shows up as XPASS, and its entry is taken out
+XFAIL: dict[str, tuple[type[BaseException], str]] = {
+    "tcn": (UnsupportedOpError, "aten::linalg_vector_norm.default has no translation (weight_norm's parametrization "
+                                "recomputes g * v / ||v|| on every call)"),
+    "gcn": (UnsupportedOpError, "aten::scatter_add.default has no translation (the message passing and the degree "
+                                "count)"),
+    "fpn": (UnsupportedOpError, "aten::native_group_norm.default has no translation (GroupNorm in the semantic "
+                                "branch)"),
+    "dlrm": (UnsupportedOpError, "aten::_embedding_bag.default has no translation (nn.EmbeddingBag)"),
+    "wav2vec2-base": (UnsupportedOpError, "aten::linalg_vector_norm.default and aten::native_group_norm.default "
+                                          "have no translation (the weight-normalised positional conv, the "
+                                          "feature encoder's GroupNorm)"),
+}
+
+
+def _registry_cases() -> list:
+    return [pytest.param(n, id=n, marks=([pytest.mark.xfail(strict=True, raises=XFAIL[n][0], reason=XFAIL[n][1])]
+                                         if n in XFAIL else []) + ([pytest.mark.slow] if n in registry.WIDENED else []))
+            for n in registry.names()]
+
+
+@pytest.mark.parametrize("name", _registry_cases())
 def test_registry_model_matches_eager(name):
     torch.manual_seed(0)
     model, inputs, _ = registry.MODELS[name].build("ci")

@@ -2,8 +2,10 @@
 downloaded), wrapped so the exported outputs are plain tensors.
 
 ``"full"`` is the published size (BERT-base, DistilBERT-base, GPT-2 small, a LLaMA-style decoder of
-8 layers x 1024, t5-small's encoder, whisper-tiny's encoder) at sequence 128 (whisper: 1x80x3000);
-``"ci"`` keeps the same modules with 2 layers of width 64 at sequence 16 (whisper: 1x80x100).
+8 layers x 1024, t5-small's encoder, whisper-tiny's encoder, wav2vec 2.0 base, DINOv2-S/14) at sequence
+128 (whisper: 1x80x3000; wav2vec 2.0: 1x16000 samples; DINOv2: 1x3x224x224); ``"ci"`` keeps the same
+modules with 2 layers of width 64 at sequence 16 (whisper: 1x80x100; wav2vec 2.0: 1x1600; DINOv2:
+1x3x56x56).
 
 Attention is ``attn_implementation="sdpa"``, transformers' default: both exporters take it (the dynamo
 exporter writes it as MatMul / Softmax with the mask through Where; TorchScript's symbolic likewise).
@@ -165,6 +167,45 @@ def whisper_encoder(config: str) -> Built:
     frames = 2 * size["max_source_positions"]
     x = torch.randn(1, 80, frames, generator=torch.Generator().manual_seed(SEED + 2))
     return model, {"input_features": x}, ["last_hidden_state"]
+
+
+def wav2vec2(config: str) -> Built:
+    """``Wav2Vec2Model`` at wav2vec 2.0 base (Baevski et al. 2020): a 7-layer Conv1d feature encoder over
+    the raw waveform (512 channels, kernels 10,3,3,3,3,2,2, strides 5,2,2,2,2,2,2, GroupNorm on the first,
+    GELU), a grouped positional convolution (kernel 128, 16 groups, weight-normalised), 12 post-norm
+    layers of 768 with 12 heads and FFN 3072; one second at 16 kHz (1x16000); last hidden state (1x49x768).
+    ci: 3 conv layers of 32 (kernels 10,3,2, strides 5,2,2), positions kernel 16 in 4 groups, 2 layers
+    of 64, 1x1600."""
+    from transformers import Wav2Vec2Config
+
+    full = config == "full"
+    size = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072) if full \
+        else dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                  conv_dim=(32, 32, 32), conv_kernel=(10, 3, 2), conv_stride=(5, 2, 2),
+                  num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
+    cfg = Wav2Vec2Config(feat_extract_norm="group", do_stable_layer_norm=False, attn_implementation=_ATTN, **size)
+    model = _Plain(_model("Wav2Vec2Model", cfg), ["input_values"], ["last_hidden_state"]).eval()
+    x = torch.randn(1, 16000 if full else 1600, generator=torch.Generator().manual_seed(SEED + 2))
+    return model, {"input_values": x}, ["last_hidden_state"]
+
+
+def dinov2(config: str) -> Built:
+    """``Dinov2Model`` at DINOv2-S/14 (Oquab et al. 2023): 14x14 patches, 12 layers of 384, 6 heads, layer
+    scale, learned positions for its 518x518 training size; run at 1x3x224x224, so the positions are
+    resampled to the 16x16 grid by bicubic interpolation inside the model, as the published checkpoints
+    run at any size; last hidden state and pooled output.  ci: 2 layers of 64, positions for 98x98,
+    run at 1x3x56x56."""
+    from transformers import Dinov2Config
+
+    full = config == "full"
+    size = dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, image_size=518) if full \
+        else dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=98)
+    cfg = Dinov2Config(patch_size=14, attn_implementation=_ATTN, layerscale_value=0.5, **size)
+    outputs = ["last_hidden_state", "pooler_output"]
+    model = _Plain(_model("Dinov2Model", cfg), ["pixel_values"], outputs).eval()
+    side = 224 if full else 56
+    x = torch.randn(1, 3, side, side, generator=torch.Generator().manual_seed(SEED + 2))
+    return model, {"pixel_values": x}, outputs
 
 
 # -- one GPT-2 decode step with the past keys / values as inputs ---------------------------------------------

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cuvil.registry.common import ConvBNAct, finish, image, make_divisible, seeded
+from cuvil.registry.common import ConvBNAct, SqueezeExcite, finish, image, make_divisible, seeded
 
 Built = tuple[nn.Module, dict[str, torch.Tensor], list[str]]
 
@@ -126,27 +126,13 @@ def mobilenet_v2(config: str) -> Built:
 
 # -- MobileNetV3 (Howard et al.: Searching for MobileNetV3, 2019) ---------------------------------------
 
-class _SqueezeExcite(nn.Module):
-    """Global average pool, 1x1 down, activation, 1x1 up, gate, scale (Hu et al. 2018)."""
-
-    def __init__(self, channels: int, squeezed: int, act: type[nn.Module], gate: type[nn.Module]):
-        super().__init__()
-        self.down = nn.Conv2d(channels, squeezed, 1)
-        self.up = nn.Conv2d(squeezed, channels, 1)
-        self.act, self.gate = act(), gate()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        s = F.adaptive_avg_pool2d(x, 1)
-        return x * self.gate(self.up(self.act(self.down(s))))
-
-
 class _Bneck(nn.Module):
     def __init__(self, cin: int, k: int, exp: int, cout: int, se: bool, act: type[nn.Module], stride: int):
         super().__init__()
         layers: list[nn.Module] = [ConvBNAct(cin, exp, 1, act=act)] if exp != cin else []
         layers.append(ConvBNAct(exp, exp, k, stride, groups=exp, act=act))
         if se:
-            layers.append(_SqueezeExcite(exp, make_divisible(exp / 4), nn.ReLU, nn.Hardsigmoid))
+            layers.append(SqueezeExcite(exp, make_divisible(exp / 4), nn.ReLU, nn.Hardsigmoid))
         layers.append(ConvBNAct(exp, cout, 1, act=None))
         self.body = nn.Sequential(*layers)
         self.residual = stride == 1 and cin == cout
@@ -193,7 +179,7 @@ class _MBConv(nn.Module):
         hidden = cin * expand
         layers: list[nn.Module] = [ConvBNAct(cin, hidden, 1, act=nn.SiLU)] if expand != 1 else []
         layers += [ConvBNAct(hidden, hidden, k, stride, groups=hidden, act=nn.SiLU),
-                   _SqueezeExcite(hidden, max(1, cin // 4), nn.SiLU, nn.Sigmoid),  # SE ratio 0.25 of the input
+                   SqueezeExcite(hidden, max(1, cin // 4), nn.SiLU, nn.Sigmoid),  # SE ratio 0.25 of the input
                    ConvBNAct(hidden, cout, 1, act=None)]
         self.body = nn.Sequential(*layers)
         self.residual = stride == 1 and cin == cout  # (stochastic depth is the identity in eval)
