@@ -47,6 +47,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="bf16: contractions with constant weights (MatMul, Gemm, Conv) multiply in bfloat16 with "
                         "float32 accumulation on AVX512-BF16 (docs/precision.md); fp32 elsewhere")
+    p.add_argument("--time", action="store_true",
+                   help="print the wall time of each stage (import, graph passes, kernels, LLVM, export)")
     add_option_flags(p)
     p = sub.add_parser("run", help="run an ONNX model on .npy inputs or random ones; print its outputs")
     p.add_argument("model", help="model.onnx")
@@ -70,6 +72,11 @@ def add_option_flags(p: Any) -> None:
     p.add_argument("--no-winograd", action="store_true", help="every 3x3 convolution direct")
     p.add_argument("--no-bounds-checks", action="store_true", help="no run-time checks of indices read from inputs")
     p.add_argument("--no-fuse", action="store_true", help="one kernel per node")
+    p.add_argument("--jobs", "-j", type=int, default=None,
+                   help="worker processes that compile kernels (default: one per core; 1: none)")
+    p.add_argument("--check-schedules", action="store_true",
+                   help="isl proves the automatic schedules legal although they are legal by construction "
+                        "(a debug mode, slower)")
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                    help="one of the scheduler's thresholds (cuvil.schedule.heuristics.Heuristics; default: derived "
                         "from the target), e.g. --threshold winograd_min_tiles=1")
@@ -81,7 +88,8 @@ def compile_options(args: argparse.Namespace) -> Any:
     from cuvil.options import CompileOptions
 
     opts = CompileOptions(target=args.target, precision=args.precision, winograd=not args.no_winograd,
-                          bounds_checks=not args.no_bounds_checks, fuse=not args.no_fuse)
+                          bounds_checks=not args.no_bounds_checks, fuse=not args.no_fuse, jobs=args.jobs,
+                          check_schedules=args.check_schedules)
     changes: dict[str, Any] = {}
     for item in args.threshold:
         name, sep, value = item.partition("=")
@@ -127,6 +135,7 @@ def compile_cmd(args: argparse.Namespace) -> int:
     print(f"compiling {path}")
     t0 = time.perf_counter()
     graph = import_model(path)
+    stages = {"import": time.perf_counter() - t0}
     check_supported(graph)
     # the shapes of every signature, checked before compiling anything: a .so needs every symbolic
     # dimension from --shapes; otherwise what --shapes leaves open is 1
@@ -145,7 +154,9 @@ def compile_cmd(args: argparse.Namespace) -> int:
             print(f"== after {name}" + (" (unchanged)" if text == last[0] else f"\n{text}"))
             last[0] = text
 
+    clock = time.perf_counter()
     compiler = ModelCompiler(graph, options, dump=dump)
+    stages["graph passes"] = time.perf_counter() - clock
     graph = compiler.graph
     if args.dump:
         from cuvil.graph.fuse import fusion_groups, groups_str
@@ -170,6 +181,7 @@ def compile_cmd(args: argparse.Namespace) -> int:
           f"({prog.n_kernels} distinct kernels) in one native module; compiled in {dt:.1f} s"
           + (f"; {len(prog.fallbacks)} fallback(s) (--dump lists them)" if prog.fallbacks else ""))
     print(f"  {prog.memory}")
+    stages.update(getattr(prog, "seconds", {}))
     if so:
         from cuvil.onnx import InferenceSession
 
@@ -179,11 +191,21 @@ def compile_cmd(args: argparse.Namespace) -> int:
         written = sess.export_library(args.output, input_shapes=sigs[0] if len(sigs) == 1 else sigs)
         print(f"wrote {written} and {written[:-3]}.h in {time.perf_counter() - t0:.1f} s")
     elif args.output:
+        t0 = time.perf_counter()
         write_atomic(args.output, (prog.module.get_source("llvm") if prog.module is not None else "").encode())
         print(f"wrote {args.output}")
     else:
         print("compiled only: nothing written (-o model.so writes a shared library with a C entry point and "
               "model.h; -o model.ll the module's LLVM IR)")
+    if args.time:
+        if so or args.output:
+            stages["export"] = time.perf_counter() - t0
+        from cuvil.graph import parallel
+
+        jobs = parallel.workers_for(options)
+        print("wall time per stage (s): " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
+              + f"; total {sum(stages.values()):.2f}; kernels and LLVM "
+              + (f"in {jobs} worker processes" if jobs > 1 else "in this process"))
     return 0
 
 

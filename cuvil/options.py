@@ -36,7 +36,11 @@ class CompileOptions:
     - ``passes``: the graph passes to run, by name (``cuvil.graph.passes.PASSES``); None: all of them;
     - ``tuning_db``: a tuning database (path or ``cuvil.autotune.Database``) whose best records replace the
       automatic schedules;
-    - ``heuristics``: the scheduler's thresholds; None: derived from the target (:meth:`resolved` fills it).
+    - ``heuristics``: the scheduler's thresholds; None: derived from the target (:meth:`resolved` fills it);
+    - ``check_schedules``: isl proves the automatic scheduler's strategies legal although they are legal by
+      construction (a debug mode, slower: ``auto_schedule(..., prove=True)``);
+    - ``jobs``: worker processes that lower kernels and make their machine code (cuvil/graph/parallel.py);
+      None: one per core; 1: all in this process.  The kernels are the same either way (not in :meth:`key`).
     """
 
     target: str = "llvm"
@@ -47,6 +51,8 @@ class CompileOptions:
     passes: tuple[str, ...] | None = None
     tuning_db: Any = None
     heuristics: Any = None  # cuvil.schedule.heuristics.Heuristics | None
+    check_schedules: bool = False
+    jobs: int | None = None
 
     def __post_init__(self) -> None:
         from cuvil.target import Target
@@ -58,11 +64,13 @@ class CompileOptions:
         if self.precision not in PRECISIONS:
             raise ArgumentError(f"CompileOptions.precision must be one of {', '.join(map(repr, PRECISIONS))}, got "
                                 f"{self.precision!r}")
-        for name in ("bounds_checks", "winograd", "fuse"):
+        for name in ("bounds_checks", "winograd", "fuse", "check_schedules"):
             if not isinstance(getattr(self, name), bool):
                 raise ArgumentError(f"CompileOptions.{name} must be a bool, got {getattr(self, name)!r}")
         if self.passes is not None:
             object.__setattr__(self, "passes", tuple(self.passes))
+        if self.jobs is not None and (not isinstance(self.jobs, int) or isinstance(self.jobs, bool) or self.jobs < 1):
+            raise ArgumentError(f"CompileOptions.jobs must be a positive int or None, got {self.jobs!r}")
         db = self.tuning_db
         if db is not None and not isinstance(db, (str, os.PathLike)) and not hasattr(db, "best"):
             raise ArgumentError(f"tuning_db must be a path or a cuvil.autotune.Database, got {type(db).__name__}")
@@ -112,7 +120,8 @@ class CompileOptions:
         from cuvil.target import Target
 
         h = self.resolved().heuristics
-        return (Target(self.target).canonical, self.precision, self.bounds_checks, self.winograd) + h.key()
+        proofs = ("proved",) if self.check_schedules else ()  # (a strategy isl refused would change a kernel)
+        return (Target(self.target).canonical, self.precision, self.bounds_checks, self.winograd) + proofs + h.key()
 
     def __str__(self) -> str:
         h = self.resolved().heuristics

@@ -12,6 +12,7 @@ attributes become Python values, initializers numpy arrays.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -138,14 +139,12 @@ def check_tensor(t: Any, what: str) -> None:
 
 def import_model(model: Any) -> Graph:
     """The graph IR of a ModelProto, after validation (:func:`check_model`) and ONNX shape inference."""
-    import onnx
-
     from cuvil.graph.ops.arith import onnx_dtype
 
     model = _topologically_sorted(load_model(model))
     opset = check_model(model)
     try:
-        model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+        model = _infer_shapes(model)
     except Exception as exc:
         if "existing shape differ" not in str(exc):
             _explain_inference_failure(model, opset)
@@ -156,7 +155,7 @@ def import_model(model: Any) -> Graph:
                     str(exc).strip().splitlines()[-1][:200])
         model = _without_declared_shapes(model)
         try:
-            model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+            model = _infer_shapes(model)
         except Exception as exc2:
             _explain_inference_failure(model, opset)
             raise ModelError(f"invalid model (ONNX shape inference failed): {exc2}") from None
@@ -187,6 +186,64 @@ def import_model(model: Any) -> Graph:
             raise ModelError(f"graph output {v.name!r} is not produced by any node")
     vinfo = {v.name: _value_info(v) for v in g.value_info if v.type.HasField("tensor_type")}
     return Graph(g.name, inputs, outputs, inits, nodes, opset, vinfo)
+
+
+# initializers of more elements than this go to ONNX shape inference without their data (a shape or an
+# index vector, whose values inference may read, is far smaller; ResNet-50's weights are ~100 MB that
+# inference would copy twice through protobuf for nothing)
+_INFER_DATA_ELEMENTS = 4096
+
+
+def _infer_shapes(model: Any) -> Any:
+    """``model`` with the types and shapes ONNX shape inference gives its values (strict: an error
+    where inference fails), inferred on a light copy that leaves the large initializers' data out."""
+    import onnx
+
+    light = onnx.ModelProto()
+    if any(_big(t) for t in model.graph.initializer):
+        _light_copy(model, light)
+    else:
+        light.CopyFrom(model)
+    inferred = onnx.shape_inference.infer_shapes(light, check_type=True, strict_mode=True)
+    g, ig = model.graph, inferred.graph
+    del g.value_info[:]
+    g.value_info.extend(ig.value_info)
+    for dst, src in zip(g.output, ig.output):
+        dst.CopyFrom(src)
+    for dst, src in zip(g.node, ig.node):
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in src.attribute):
+            dst.CopyFrom(src)  # a Loop's or an If's body, with its own inferred values
+    return model
+
+
+def _big(t: Any) -> bool:
+    return math.prod(t.dims) > _INFER_DATA_ELEMENTS
+
+
+def _light_copy(model: Any, light: Any) -> None:
+    """Fill ``light`` with ``model`` less the data of its large initializers (their dims and types kept)."""
+    import onnx
+
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.domain, light.model_version = model.domain, model.model_version
+    light.functions.extend(model.functions)
+    g = light.graph
+    src = model.graph
+    g.name = src.name
+    g.node.extend(src.node)
+    g.input.extend(src.input)
+    g.output.extend(src.output)
+    g.value_info.extend(src.value_info)
+    g.sparse_initializer.extend(src.sparse_initializer)
+    for t in src.initializer:
+        if not _big(t):
+            g.initializer.append(t)
+            continue
+        e = onnx.TensorProto()
+        e.name, e.data_type = t.name, t.data_type
+        e.dims.extend(t.dims)
+        g.initializer.append(e)
 
 
 def _domain(n: Any) -> str:

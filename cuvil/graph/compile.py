@@ -30,6 +30,7 @@ import hashlib
 import logging
 import math
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,7 +38,7 @@ import numpy as np
 
 from cuvil.cache import BoundedCache
 from cuvil.errors import BoundsError, CuvilError, IslBudgetError, ModelError, UnsupportedOpError
-from cuvil.graph import kernel_cache
+from cuvil.graph import kernel_cache, parallel
 from cuvil.graph.compiled import CompiledGraph, Slot, contiguous, link, temp_bytes
 from cuvil.graph.ir import Graph, Node
 from cuvil.graph.ops.base import (
@@ -106,20 +107,32 @@ def compile_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Ma
     if precision != opts.precision:
         c.fallbacks.append(f"precision {opts.precision} -> {precision}: the target lacks avx512bf16")
     groups = fusion_groups(graph) if opts.fuse else tuple(Group((k,)) for k in range(len(graph.nodes)))  # 3.
+    clock = time.perf_counter()
     done = 0
-    for grp in groups:  # 4.
-        nodes = [graph.nodes[k] for k in grp.members]
-        if progress is not None:
-            progress(done, len(graph.nodes), nodes[0])
-        if len(nodes) == 1 or not c.group(nodes):
-            for node in nodes:
-                c.node(node)
-        done += len(nodes)
-    outputs = c.outputs()
-    kernels, calls, module = link(c.calls, c.target)  # 5.
+    with c.workers:  # (forked when two kernels wait to be lowered; ended here)
+        try:
+            for grp in groups:  # 4.
+                nodes = [graph.nodes[k] for k in grp.members]
+                if progress is not None:
+                    progress(done, len(graph.nodes), nodes[0])
+                if len(nodes) == 1 or not c.group(nodes):
+                    for node in nodes:
+                        c.node(node)
+                done += len(nodes)
+            c.resolve()  # the kernels lowered in worker processes
+        except _Serial as exc:  # a worker's kernel failed where this process would have taken another way
+            log.debug("compiling in this process: %s", exc)
+            return compile_graph(graph, shapes, known, opts.replace(jobs=1), progress=progress, on_kernel=on_kernel)
+        outputs = c.outputs()
+        seconds = {"kernels": time.perf_counter() - clock}
+        clock = time.perf_counter()
+        kernels, calls, module = link(c.calls, c.target, c.workers)  # 5.
+        seconds["llvm"] = time.perf_counter() - clock
     memory = plan_memory(lifetimes([((), args) for _, args in c.calls], temp_bytes(c.slots, outputs)))  # 6.
-    return CompiledGraph(c.slots, kernels, calls, module, memory, outputs, c.target, c.labels, tuple(c.fallbacks),
+    prog = CompiledGraph(c.slots, kernels, calls, module, memory, outputs, c.target, c.labels, tuple(c.fallbacks),
                          c.call_nodes, c.call_flops)
+    prog.seconds = seconds
+    return prog
 
 
 def check_supported(graph: Graph) -> None:
@@ -240,7 +253,8 @@ def lower_kernel(what: str, args: list[Any], placeholders: list[Any], options: C
     try:
         try:
             with scheduling(what):  # its fallbacks' log lines name the node
-                s = cuvil.auto_schedule(args, target, heuristics=options.heuristics)
+                s = cuvil.auto_schedule(args, target, heuristics=options.heuristics,
+                                        prove=True if options.check_schedules else None)
                 if tuning_db is not None:
                     from cuvil.runtime.threads import get_num_threads
                     from cuvil.schedule.records import apply_best
@@ -308,6 +322,11 @@ class _GraphCompiler:
         self.call_flops: list[tuple[float, str]] = []  # per call: its contractions' work (profile.contraction_flops)
         self.fallbacks: list[str] = []
         self.precision = options.precision  # "fp32" or "bf16" (resolved for the target by compile_graph)
+        # worker processes that lower kernels (1: none); a database object in memory stays in this process
+        picklable_db = options.tuning_db is None or isinstance(options.tuning_db, (str, os.PathLike))
+        self.workers = parallel.Workers(parallel.workers_for(options) if picklable_db else 1)
+        self._pending: dict[tuple, _Pending] = {}  # key -> a kernel to lower in a worker (resolve())
+        self._queued: list[_Pending] = []  # not yet submitted: the workers are forked when two wait
         self._const_slot: dict[int, int] = {}
         self.env: dict[str, Entry] = dict(graph.initializers)
         for v in graph.inputs:
@@ -408,30 +427,44 @@ class _GraphCompiler:
             db = _db_key(self.tuning_db)
             cached = db is not None
             key = key + (db,)
+        ins = [ctx.entries[i] for ctx, i, _ in placeholders]
+        folded = all(isinstance(e, np.ndarray) for e in ins)
         hit = _KERNELS.get(key) if cached else None
+        if hit is None and cached:
+            hit = self._pending.get(key)  # (the same kernel earlier in this model: lowered once)
+        if hit is not None and isinstance(hit, _Pending) and folded:  # its values needed now
+            try:
+                hit = hit.wait()
+            except parallel.WorkersLost as exc:
+                raise _Serial(f"the worker processes were lost ({exc})") from None
         if hit is not None:
-            func, why = hit
+            func, why = hit if not isinstance(hit, _Pending) else (hit, None)
         else:
             func = kernel_cache.load(key) if cached else None
+            if func is None and not folded and cached and self.workers.jobs > 1:  # lowered in a worker
+                func = self._pending[key] = _Pending(key, label, (args, [p for _, _, p in placeholders], self.options))
+                why = None
+                self._queue(func)
             if func is None:
                 func, why = lower_kernel(label, args, [p for _, _, p in placeholders], self.options)
                 if cached:
                     kernel_cache.store(key, func)
                     if why is not None:
                         kernel_cache.store(("fallback",) + key, why)
-            else:
+            elif not isinstance(func, _Pending):
                 why = kernel_cache.load(("fallback",) + key)
-            if cached:
+            if cached and not isinstance(func, _Pending):
                 _KERNELS[key] = (func, why)
-        ins = [ctx.entries[i] for ctx, i, _ in placeholders]
-        if all(isinstance(e, np.ndarray) for e in ins):
+        if folded:
             try:
                 results = _fold(func, [np.reshape(e, t_shape(p)) for e, (_, _, p) in zip(ins, placeholders)],
                                 [(t_shape(t), t.dtype) for t, _ in outs], self.target)
             except BoundsError as exc:  # an index out of range among constants: refused while compiling
                 raise BoundsError(f"{label}: {exc}") from None
             return [r.reshape(shape) for r, (_, shape) in zip(results, outs)]
-        if why is not None:
+        if isinstance(func, _Pending):
+            func.labels.append(label)  # (its fallback, if any, is recorded by resolve())
+        elif why is not None:
             self.fallbacks.append(f"{label}: {why}")
         if self.on_kernel is not None:
             self.on_kernel(key, args, label)
@@ -447,6 +480,35 @@ class _GraphCompiler:
         self.call_flops.append(contraction_flops(args))
         self.call_nodes.append(tuple((ctx.node.op_type, ctx.node.name, tuple(ctx.node.inputs)) for ctx in ctxs))
         return results
+
+    def _queue(self, p: _Pending) -> None:
+        """Submit ``p`` to the workers, with the kernel queued before it, once there are two (a graph of one
+        kernel to lower forks no process: it is lowered here)."""
+        self._queued.append(p)
+        if (len(self._queued) < 2 and not self.workers.started) or self.workers.jobs == 1:
+            return  # (wait() lowers what was not submitted, here)
+        try:
+            for q in self._queued:
+                q.future = self.workers.submit(parallel.lower_task, q.label, *q.task)
+        except parallel.WorkersLost:
+            self.workers.jobs = 1  # the rest here
+        self._queued = []
+
+    def resolve(self) -> None:
+        """Wait for the kernels lowered in workers and put them in the calls (each kept in the kernel
+        caches, its fallback recorded); :class:`_Serial` when one failed (a fused group that does not
+        compile: this process would have compiled its nodes one by one) or the workers were lost."""
+        for p in self._pending.values():
+            try:
+                func, why = p.wait()
+            except parallel.WorkersLost as exc:
+                raise _Serial(f"the worker processes were lost ({exc})") from None
+            except CuvilError as exc:
+                raise _Serial(f"{p.label}: {first_line(exc)}") from None
+            if why is not None:
+                self.fallbacks.extend(f"{label}: {why}" for label in p.labels)
+        self.calls = [(f.func if isinstance(f, _Pending) else f, a) for f, a in self.calls]
+        self._pending.clear()
 
     def outputs(self) -> list[tuple[str, Runtime | np.ndarray]]:
         """The graph's outputs, each in a buffer of its own (copied when it is an input, a constant or
@@ -464,6 +526,39 @@ class _GraphCompiler:
                 used.add(e.slot)
             outputs.append((v.name, e))
         return outputs
+
+
+class _Serial(Exception):
+    """A kernel lowered in a worker failed: the graph is compiled again in this process."""
+
+
+class _Pending:
+    """A kernel being lowered in a worker process: a call's function until :meth:`_GraphCompiler.resolve`."""
+
+    def __init__(self, key: tuple, label: str, task: tuple[Any, ...]):
+        self.key = key
+        self.label = label
+        self.task = task  # lower_kernel's arguments after the label
+        self.future: Any = None  # submitted to a worker (else lowered here by wait())
+        self.labels: list[str] = []  # the calls of it (their fallbacks name them)
+        self._done: tuple[Any, str | None] | None = None
+
+    @property
+    def func(self) -> Any:
+        return self.wait()[0]
+
+    def wait(self) -> tuple[Any, str | None]:
+        """The lowered kernel and why it fell back (kept in the caches the first time)."""
+        if self._done is None:
+            if self.future is not None:
+                func, why = parallel.lowered(self.future)
+            else:
+                func, why = lower_kernel(self.label, *self.task)
+            kernel_cache.store(self.key, func)
+            if why is not None:
+                kernel_cache.store(("fallback",) + self.key, why)
+            _KERNELS[self.key] = self._done = (func, why)
+        return self._done
 
 
 def _copy(e: Runtime, slots: list[Slot], calls: list, target: Any) -> Runtime:

@@ -38,9 +38,11 @@ def contiguous(a: Any) -> np.ndarray:
     return np.require(np.asarray(a), requirements="C")
 
 
-def link(calls: list[tuple[Any, tuple[int, ...]]], target: Any) -> tuple[list[Any], list[Any], Any]:
+def link(calls: list[tuple[Any, tuple[int, ...]]], target: Any, workers: Any = None
+         ) -> tuple[list[Any], list[Any], Any]:
     """The distinct kernels of ``calls`` (each named ``k0``, ``k1``, ...), the calls by those names, and
-    the one native module whose entry point makes the calls in order (None when there are none)."""
+    the one native module whose entry point makes the calls in order (None when there are none); its
+    kernels' machine code is made by ``workers`` (:class:`cuvil.graph.parallel.Workers`; None: here)."""
     from cuvil.graph.link import KernelCall, LinkedModule
 
     names: dict[int, str] = {}
@@ -51,7 +53,7 @@ def link(calls: list[tuple[Any, tuple[int, ...]]], target: Any) -> tuple[list[An
             names[id(func)] = f"k{len(names)}"
             kernels.append(dataclasses.replace(func, name=names[id(func)]))
         linked_calls.append(KernelCall(names[id(func)], args))
-    module = LinkedModule(kernels, linked_calls, target) if linked_calls else None
+    module = LinkedModule(kernels, linked_calls, target, workers=workers) if linked_calls else None
     return kernels, linked_calls, module
 
 

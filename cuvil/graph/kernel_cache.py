@@ -16,6 +16,7 @@ A corrupt or unreadable entry is a miss, never an error.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import pickle
 import tempfile
@@ -128,15 +129,31 @@ def _write(p: str | None, data: bytes) -> None:
         pass
 
 
+class _Canonical(pickle.Pickler):
+    """A pickler whose bytes do not depend on which equal strings are one object (interning differs
+    between processes: a kernel lowered in a worker pickles apart from the same kernel lowered here)."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        return b"s" + obj.encode("utf-8", "surrogatepass") if type(obj) is str else None
+
+
+def fingerprint(obj: Any) -> bytes:
+    """The pickled bytes of ``obj`` (loop IR), with every string written out in full: equal kernels lowered
+    in different processes have equal fingerprints."""
+    buf = io.BytesIO()
+    _Canonical(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
 def module_key(kernels: Sequence[Any], calls: Sequence[Any], target: Any, entry: str) -> str:
-    """A digest of everything a linked module's machine code depends on: its kernels (their pickled
-    loop IR, which is deterministic), its calls, the entry name and the canonical target (the cuvil
-    sources are added by :func:`load_object`/:func:`store_object`)."""
+    """A digest of everything a linked module's machine code depends on: its kernels (the
+    :func:`fingerprint` of their loop IR, which is deterministic), its calls, the entry name and the
+    canonical target (the cuvil sources are added by :func:`load_object`/:func:`store_object`)."""
     from cuvil.target import Target
 
     h = hashlib.sha256(f"{Target(target).canonical}\0{entry}\0{list(calls)!r}\0".encode())
     for k in kernels:
-        h.update(pickle.dumps(k, protocol=pickle.HIGHEST_PROTOCOL))
+        h.update(fingerprint(k))
     return h.hexdigest()
 
 

@@ -13,7 +13,10 @@ A kernel whose bounds check fails (status 4) fills ``err[0]`` (the check's site 
 Every kernel is a :class:`~cuvil.ir.stmt.LoweredFunc` of constant shapes, emitted by the LLVM code
 generator into the same module under its own name; a kernel called several times is emitted once.
 ``void <entry>_set_num_threads(int32_t n)`` sets the thread count of every kernel's parallel loops.
-The whole module goes through one O3 run and one JIT, and a run is one native call.
+To run here, each kernel is compiled (O3, machine code) into an object file of its own, in worker
+processes (:mod:`cuvil.graph.parallel`) and kept in the kernel cache; the JIT loads them beside the entry
+point's, and a run is one native call.  Source and export (``get_source``, a ``.so``) take the whole
+module through one O3 run.
 """
 
 from __future__ import annotations
@@ -60,9 +63,10 @@ def new_module(name: str, target: Any) -> Any:
 
 
 def emit_graph(module: Any, kernels: Sequence[LoweredFunc], calls: Sequence[KernelCall], target: Any,
-               entry: str = "graph") -> tuple[Any, Any]:
+               entry: str = "graph", declare: bool = False) -> tuple[Any, Any]:
     """Add the kernels, ``int32_t <entry>(void **slots)`` and ``void <entry>_set_num_threads(int32_t)``
-    to the llvmlite ``module``; returns those two functions."""
+    to the llvmlite ``module``; returns those two functions.  With ``declare`` the kernels are only
+    declared (each is compiled into an object file of its own, :func:`cuvil.graph.parallel.kernel_object`)."""
     from llvmlite import ir
 
     from cuvil.codegen.llvm import emit_function
@@ -71,7 +75,11 @@ def emit_graph(module: Any, kernels: Sequence[LoweredFunc], calls: Sequence[Kern
     for f in kernels:
         if f.size_vars:
             raise ValueError(f"kernel {f.name}: linked kernels have constant shapes, got sizes {f.size_vars}")
-        emit_function(module, f, target)
+        if not declare:
+            emit_function(module, f, target)
+            continue
+        ir.Function(module, ir.FunctionType(I32, [PTR, PTR, PTR]), f"{f.name}_checked")
+        ir.Function(module, ir.FunctionType(ir.VoidType(), [I32]), f"{f.name}_set_num_threads")
     fn = ir.Function(module, ir.FunctionType(I32, [PTR, PTR]), entry)
     fn.attributes.add("nounwind")
     slots, err = fn.args
@@ -115,7 +123,7 @@ class LinkedModule:
     (JIT-ed only when the target is this machine; otherwise only its sources and an export)."""
 
     def __init__(self, kernels: Sequence[LoweredFunc], calls: Sequence[KernelCall], target: Any,
-                 entry: str = "graph"):
+                 entry: str = "graph", workers: Any = None):
         import llvmlite.binding as llvm
 
         from cuvil.graph import kernel_cache
@@ -137,27 +145,46 @@ class LinkedModule:
             self._engine = None
             self._fn = self._not_here
             return
-        obj = kernel_cache.load_object(self._key)
         tm = llvm.Target.from_triple(self.target.triple).create_target_machine(
             cpu=self.target.cpu, features=self.target.features, opt=3, codemodel="jitdefault")
-        if obj is None:
-            ir_opt = self.optimized()[1]
-            self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(ir_opt), tm)
-            key = self._key
-            self._engine.set_object_cache(notify_func=lambda _mod, data: kernel_cache.store_object(key, data))
-            uses_gomp = "GOMP_parallel" in ir_opt
-        else:
-            empty = llvm.parse_assembly(f'target triple = "{self.target.triple}"')
-            self._engine = llvm.create_mcjit_compiler(empty, tm)
+        objects = self._objects(workers)
+        empty = llvm.parse_assembly(f'target triple = "{self.target.triple}"')
+        self._engine = llvm.create_mcjit_compiler(empty, tm)
+        for obj in objects:
             self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
-            uses_gomp = b"GOMP_parallel" in obj  # an undefined symbol of the object file
-        if uses_gomp:
+        if any(b"GOMP_parallel" in obj for obj in objects):  # an undefined symbol of the object file
             threads.load_libgomp()
         self._engine.finalize_object()
         self._fn = ENTRY(self._engine.get_function_address(entry))
         self._setter = threads.SETTER(self._engine.get_function_address(f"{entry}_set_num_threads"))
         threads.register(self, self._setter)
         self._set_threads(threads.get_num_threads())
+
+    def _objects(self, workers: Any) -> list[bytes]:
+        """The machine code to run: the entry point's object file and one per kernel, each from the
+        kernel cache or compiled now (the kernels by ``workers``, :class:`cuvil.graph.parallel.Workers`).
+        A kernel's object is keyed by its loop IR and the target, so a kernel another model compiled
+        before is not compiled again."""
+        from cuvil.codegen import llvm as cg
+        from cuvil.graph import kernel_cache, parallel
+
+        keys = [kernel_cache.module_key([k], [], self.target, "kernel") for k in self.kernels]
+        objects = [kernel_cache.load_object(k) for k in keys]
+        missing = [i for i, o in enumerate(objects) if o is None]
+        todo = [self.kernels[i] for i in missing]
+        made = (workers.map_kernel_objects(todo, self.target.canonical) if workers is not None else
+                [parallel.kernel_object(k, self.target.canonical) for k in todo])
+        for i, obj in zip(missing, made):
+            objects[i] = obj
+            kernel_cache.store_object(keys[i], obj)
+        entry = kernel_cache.load_object(f"{self._key}.entry")
+        if entry is None:
+            module = new_module(self.entry, self.target)
+            emit_graph(module, self.kernels, self.calls, self.target, self.entry, declare=True)
+            mod = cg.optimize(cg.finish_ir_text(str(module), self.target), self.target)
+            entry = bytes(cg.target_machine(self.target).emit_object(mod))
+            kernel_cache.store_object(f"{self._key}.entry", entry)
+        return [entry, *objects]
 
     def unoptimized(self) -> str:
         """The LLVM IR text of the kernels and the entry point before optimisation."""

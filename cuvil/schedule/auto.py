@@ -440,13 +440,19 @@ class AutoScheduler(PlainStrategies):
 
 def auto_schedule(args: Sequence[Any], target: Any = "llvm",
                   knobs: Mapping[str, Mapping[str, Any]] | None = None,
-                  heuristics: Heuristics | None = None) -> Schedule:
+                  heuristics: Heuristics | None = None, prove: bool | None = None) -> Schedule:
     """A schedule for the program whose arguments are ``args`` (computed tensors are outputs).
 
     ``knobs`` (for the autotuner) overrides choices per stage name; :func:`knob_space` lists them.
     ``heuristics`` are the thresholds the scheduler decides by (None: :meth:`Heuristics.for_target`).
     A combination that is not legal leaves that stage to the plain strategy (isl decides).  Every strategy
     isl refused is in the returned schedule's ``fallbacks`` (:mod:`cuvil.schedule.fallback`).
+
+    ``prove``: whether isl proves the strategies that are legal by construction (each register tile,
+    row chain, window, vector and parallel loop this scheduler chooses is one) and the build proves the
+    whole schedule again.  Default: only with ``knobs`` (the tuner's combinations may be refused; that is
+    part of its search); ``True`` is the debug mode that checks the construction
+    (``CompileOptions(check_schedules=True)``).
     """
     if not isinstance(args, (list, tuple)):
         raise ArgumentError("auto_schedule needs the argument list, e.g. [A, B, C]")
@@ -458,7 +464,11 @@ def auto_schedule(args: Sequence[Any], target: Any = "llvm",
         from cuvil.schedule.auto_gpu import GpuScheduler
 
         return GpuScheduler(s, [s[o] for o in outs], target).run()
-    return AutoScheduler(s, [s[o] for o in outs], target, knobs, heuristics).run()
+    s.prove_deferred = bool(knobs) if prove is None else prove
+    s = AutoScheduler(s, [s[o] for o in outs], target, knobs, heuristics).run()
+    if not s.prove_deferred:
+        s.trusted_steps = len(s.trace)
+    return s
 
 
 KNOB_SPACE_VERSION = 3  # bump when a knob is added, removed or changes meaning (2: "ku", 3: ku 8); records are

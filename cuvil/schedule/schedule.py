@@ -517,6 +517,11 @@ class Schedule:
         # they happened; kept when a group of steps is undone): see cuvil.schedule.fallback
         self.fallbacks: list[Any] = []
         self._deferred = False  # see deferred_checks()
+        # False: deferred_checks() trusts its strategies (legal by construction) and proves nothing; a schedule
+        # whose trace is exactly ``trusted_steps`` long was built that way (the automatic scheduler's), and
+        # cuvil.lower does not prove it again either.  A step applied after it makes the build prove it all
+        self.prove_deferred = True
+        self.trusted_steps = -1
 
     # -- lookup -------------------------------------------------------------------------
     @property
@@ -609,7 +614,9 @@ class Schedule:
     @contextlib.contextmanager
     def deferred_checks(self, live_out: list[Stage]) -> Iterator[None]:
         """Apply several primitives, then prove the result legal once (for ``live_out``); on a refusal
-        everything applied inside is undone.  For strategies that are legal by construction."""
+        everything applied inside is undone.  For strategies that are legal by construction: with
+        ``prove_deferred`` False (the automatic scheduler's default, ``auto_schedule(..., prove=False)``)
+        the proof is skipped; ``CompileOptions(check_schedules=True)`` makes it again (a debug mode)."""
         from cuvil.schedule.legality import check_program
 
         snap, steps = self._snapshot(), len(self.trace)
@@ -617,7 +624,8 @@ class Schedule:
         try:
             yield
             self._deferred = False
-            check_program(self, live_out)
+            if self.prove_deferred:
+                check_program(self, live_out)
         except BaseException:
             self._restore(snap)
             del self.trace[steps:]
