@@ -166,14 +166,27 @@ class InferenceSession:
                  num_threads: int | None = None, tuning_db: Any = None, bounds_checks: bool | None = None,
                  precision: str | None = None, options: CompileOptions | None = None, **kwargs: Any):
         from cuvil.frontend.onnx import import_model, load_model
+        from cuvil.graph import images
+        from cuvil.graph.driver import ModelCompiler
 
+        num_threads, opts = self._options(num_threads, sess_options, options, target=target, tuning_db=tuning_db,
+                                          bounds_checks=bounds_checks, precision=precision)
+        # the image of a session of this file compiled before (cuvil/graph/images.py): no import, no compile
+        key = images.image_key(path_or_bytes, (opts.key(), opts.passes, opts.fuse)) if opts.tuning_db is None \
+            else None
+        state = images.load(key)
+        if state is not None:
+            self._meta = state["meta"]
+            self._start(ModelCompiler.restore(state["compiler"], opts), num_threads, sess_options)
+            return
         model = load_model(path_or_bytes)
         graph = import_model(model)
         self._meta = ModelMetadata(model.producer_name, model.graph.name, model.domain, model.doc_string,
                                    model.graph.doc_string, model.model_version,
                                    {p.key: p.value for p in model.metadata_props})
-        self._setup(graph, num_threads, sess_options, options, target=target, tuning_db=tuning_db,
-                    bounds_checks=bounds_checks, precision=precision)
+        self._start(ModelCompiler(graph, opts), num_threads, sess_options)
+        if key is not None and self._compiler.programs():
+            images.save(key, {"meta": self._meta, "compiler": self._compiler.state()})
 
     @classmethod
     def from_graph(cls, graph: Any, target: str | None = None, num_threads: int | None = None,
@@ -199,6 +212,13 @@ class InferenceSession:
     def _setup(self, graph: Any, num_threads: int | None, sess_options: Any, options: CompileOptions | None,
                **given: Any) -> None:
         from cuvil.graph.driver import ModelCompiler
+
+        num_threads, opts = self._options(num_threads, sess_options, options, **given)
+        self._start(ModelCompiler(graph, opts), num_threads, sess_options)
+
+    def _options(self, num_threads: int | None, sess_options: Any, options: CompileOptions | None,
+                 **given: Any) -> tuple[int | None, CompileOptions]:
+        """The session's thread count and compile options, from its arguments and ``sess_options``."""
         from cuvil.graph.ops.bf16 import resolve_precision
         from cuvil.target import Target
 
@@ -215,7 +235,7 @@ class InferenceSession:
         # fp32, with a warning, on a target without the feature
         opts = opts.replace(precision=resolve_precision(opts.precision, Target(opts.target)))
         self._level = level
-        self._start(ModelCompiler(graph, opts), num_threads, sess_options)
+        return num_threads, opts
 
     def _start(self, compiler: ModelCompiler, num_threads: int | None, sess_options: Any) -> None:
         if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)

@@ -126,7 +126,7 @@ def compile_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Ma
         outputs = c.outputs()
         seconds = {"kernels": time.perf_counter() - clock}
         clock = time.perf_counter()
-        kernels, calls, module = link(c.calls, c.target, c.workers)  # 5.
+        kernels, calls, module = link(c.calls, c.target, c.workers, c.keys)  # 5.
         seconds["llvm"] = time.perf_counter() - clock
     memory = plan_memory(lifetimes([((), args) for _, args in c.calls], temp_bytes(c.slots, outputs)))  # 6.
     prog = CompiledGraph(c.slots, kernels, calls, module, memory, outputs, c.target, c.labels, tuple(c.fallbacks),
@@ -327,6 +327,7 @@ class _GraphCompiler:
         self.workers = parallel.Workers(parallel.workers_for(options) if picklable_db else 1)
         self._pending: dict[tuple, _Pending] = {}  # key -> a kernel to lower in a worker (resolve())
         self._queued: list[_Pending] = []  # not yet submitted: the workers are forked when two wait
+        self.keys: dict[int, tuple] = {}  # id(kernel) -> its cache key, which names its machine code (link)
         self._const_slot: dict[int, int] = {}
         self.env: dict[str, Entry] = dict(graph.initializers)
         for v in graph.inputs:
@@ -455,6 +456,8 @@ class _GraphCompiler:
                 why = kernel_cache.load(("fallback",) + key)
             if cached and not isinstance(func, _Pending):
                 _KERNELS[key] = (func, why)
+        if cached and not isinstance(func, _Pending):
+            self.keys[id(func)] = key
         if folded:
             try:
                 results = _fold(func, [np.reshape(e, t_shape(p)) for e, (_, _, p) in zip(ins, placeholders)],
@@ -507,6 +510,7 @@ class _GraphCompiler:
                 raise _Serial(f"{p.label}: {first_line(exc)}") from None
             if why is not None:
                 self.fallbacks.extend(f"{label}: {why}" for label in p.labels)
+            self.keys[id(func)] = p.key
         self.calls = [(f.func if isinstance(f, _Pending) else f, a) for f, a in self.calls]
         self._pending.clear()
 
@@ -518,7 +522,7 @@ class _GraphCompiler:
         for v in self.graph.outputs:
             e = self.env[v.name]
             if isinstance(e, Runtime) and (self.slots[e.slot].kind != "temp" or e.slot in used):
-                e = _copy(e, self.slots, self.calls, self.target)
+                e = _copy(e, self.slots, self.calls, self.target, self.keys)
                 self.labels.append(f"copy to output {v.name!r}")
                 self.call_flops.append((0.0, ""))
                 self.call_nodes.append(())
@@ -561,7 +565,7 @@ class _Pending:
         return self._done
 
 
-def _copy(e: Runtime, slots: list[Slot], calls: list, target: Any) -> Runtime:
+def _copy(e: Runtime, slots: list[Slot], calls: list, target: Any, keys: dict[int, tuple]) -> Runtime:
     """A kernel that copies ``e`` into a new buffer (an output that is an input, a constant or another output)."""
     from cuvil import te
 
@@ -576,6 +580,7 @@ def _copy(e: Runtime, slots: list[Slot], calls: list, target: Any) -> Runtime:
         func = cuvil.lower(cuvil.auto_schedule([x, y], target), [x, y], name="k")
         kernel_cache.store(key, func)
     _KERNELS[key] = (func, None)
+    keys[id(func)] = key
     slots.append(Slot("temp", e.dtype, math.prod(e.shape)))
     calls.append((func, (e.slot, len(slots) - 1)))
     return dataclasses.replace(e, slot=len(slots) - 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import hashlib
 import math
 import sys
 import threading
@@ -38,22 +39,26 @@ def contiguous(a: Any) -> np.ndarray:
     return np.require(np.asarray(a), requirements="C")
 
 
-def link(calls: list[tuple[Any, tuple[int, ...]]], target: Any, workers: Any = None
-         ) -> tuple[list[Any], list[Any], Any]:
+def link(calls: list[tuple[Any, tuple[int, ...]]], target: Any, workers: Any = None,
+         keys: Mapping[int, tuple] | None = None) -> tuple[list[Any], list[Any], Any]:
     """The distinct kernels of ``calls`` (each named ``k0``, ``k1``, ...), the calls by those names, and
     the one native module whose entry point makes the calls in order (None when there are none); its
-    kernels' machine code is made by ``workers`` (:class:`cuvil.graph.parallel.Workers`; None: here)."""
+    kernels' machine code is made by ``workers`` (:class:`cuvil.graph.parallel.Workers`; None: here).
+    ``keys`` (id of a kernel -> its cache key) name the kernels' machine code in the kernel cache."""
     from cuvil.graph.link import KernelCall, LinkedModule
 
     names: dict[int, str] = {}
     kernels = []
+    ids = []
     linked_calls = []
     for func, args in calls:
         if id(func) not in names:
             names[id(func)] = f"k{len(names)}"
             kernels.append(dataclasses.replace(func, name=names[id(func)]))
+            key = (keys or {}).get(id(func))
+            ids.append(None if key is None else hashlib.sha256(repr(key).encode()).hexdigest())
         linked_calls.append(KernelCall(names[id(func)], args))
-    module = LinkedModule(kernels, linked_calls, target, workers=workers) if linked_calls else None
+    module = LinkedModule(kernels, linked_calls, target, workers=workers, kernel_ids=ids) if linked_calls else None
     return kernels, linked_calls, module
 
 
@@ -92,6 +97,22 @@ class CompiledGraph:
         # temporaries returned to the caller: a fresh array whenever the caller still holds the last one
         self._returned = [k for k, s in enumerate(slots) if s.kind == "temp" and k not in memory.offsets]
         self._tls = threading.local()  # each thread's kept buffers (see _kept)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a session image keeps (cuvil/graph/images.py): everything but the native module and the
+        threads' buffers; the module is loaded again from the kernel cache's machine code."""
+        state = {k: v for k, v in self.__dict__.items() if k not in ("module", "_tls")}
+        state["_module"] = None if self.module is None else (self.module.entry, self.module.kernel_ids)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from cuvil.graph.link import LinkedModule
+
+        module = state.pop("_module")
+        self.__dict__.update(state)
+        self._tls = threading.local()
+        self.module = None if module is None else LinkedModule(self.kernel_funcs, self.kernel_calls, self.target,
+                                                               module[0], kernel_ids=module[1])
 
     def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray] | None = None
             ) -> dict[str, np.ndarray]:

@@ -43,6 +43,23 @@ class ModelCompiler:
         self._cache: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
+    def state(self) -> dict[str, Any]:
+        """What :meth:`restore` needs: the prepared graph, the specialised inputs and the programs (a session
+        image, cuvil/graph/images.py)."""
+        return {"graph": self.graph, "specialised": set(self.specialised), "programs": dict(self._cache)}
+
+    @classmethod
+    def restore(cls, state: dict[str, Any], options: CompileOptions) -> ModelCompiler:
+        """A compiler over the prepared graph and programs of :meth:`state` (compiled with ``options``)."""
+        self = cls.__new__(cls)
+        self.options = CompileOptions.of(options).resolved()
+        self.graph = state["graph"]
+        self.specialised = set(state["specialised"])
+        self.on_compiled = None
+        self._cache = dict(state["programs"])
+        self._lock = threading.Lock()
+        return self
+
     def program(self, shapes: Mapping[str, tuple[int, ...]], values: Mapping[str, np.ndarray] | None = None,
                 progress: Any = None) -> Any:
         """The program for inputs of ``shapes``; ``values`` (the fed arrays, where there are some) give the

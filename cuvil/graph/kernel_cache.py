@@ -147,13 +147,14 @@ def fingerprint(obj: Any) -> bytes:
 
 def module_key(kernels: Sequence[Any], calls: Sequence[Any], target: Any, entry: str) -> str:
     """A digest of everything a linked module's machine code depends on: its kernels (the
-    :func:`fingerprint` of their loop IR, which is deterministic), its calls, the entry name and the
-    canonical target (the cuvil sources are added by :func:`load_object`/:func:`store_object`)."""
+    :func:`fingerprint` of their loop IR, which is deterministic, or a string that identifies one), its
+    calls, the entry name and the canonical target (the cuvil sources are added by
+    :func:`load_object`/:func:`store_object`)."""
     from cuvil.target import Target
 
     h = hashlib.sha256(f"{Target(target).canonical}\0{entry}\0{list(calls)!r}\0".encode())
     for k in kernels:
-        h.update(fingerprint(k))
+        h.update(k.encode() + b"\0" if isinstance(k, str) else fingerprint(k))
     return h.hexdigest()
 
 

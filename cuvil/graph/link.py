@@ -123,7 +123,7 @@ class LinkedModule:
     (JIT-ed only when the target is this machine; otherwise only its sources and an export)."""
 
     def __init__(self, kernels: Sequence[LoweredFunc], calls: Sequence[KernelCall], target: Any,
-                 entry: str = "graph", workers: Any = None):
+                 entry: str = "graph", workers: Any = None, kernel_ids: Sequence[str | None] | None = None):
         import llvmlite.binding as llvm
 
         from cuvil.graph import kernel_cache
@@ -138,7 +138,12 @@ class LinkedModule:
         self.session_threads: int | None = None
         # the same kernels and calls compiled before (kernel_cache): their machine code skips LLVM
         # altogether, their optimised bitcode skips emission and O3 for get_source and export
-        self._key = kernel_cache.module_key(self.kernels, self.calls, self.target, entry)
+        # each kernel's identity: its cache key's digest where the graph compiler gives one (the kernel is a
+        # function of it), else the fingerprint of its loop IR
+        ids = list(kernel_ids) if kernel_ids is not None else [None] * len(self.kernels)
+        self.kernel_ids = [i if i is not None else kernel_cache.module_key([k], [], self.target, "kernel")
+                           for k, i in zip(self.kernels, ids)]
+        self._key = kernel_cache.module_key(self.kernel_ids, self.calls, self.target, entry)
         self._unopt: str | None = None
         self._opt: tuple[Any, str] | None = None  # the O3 module and its IR text, built on first use
         if not self.target.is_host:  # compiled for another machine: export it (cuvil.graph.export), run it there
@@ -168,7 +173,8 @@ class LinkedModule:
         from cuvil.codegen import llvm as cg
         from cuvil.graph import kernel_cache, parallel
 
-        keys = [kernel_cache.module_key([k], [], self.target, "kernel") for k in self.kernels]
+        keys = [kernel_cache.module_key([f"{k.name} {i}"], [], self.target, "kernel")
+                for k, i in zip(self.kernels, self.kernel_ids)]
         objects = [kernel_cache.load_object(k) for k in keys]
         missing = [i for i, o in enumerate(objects) if o is None]
         todo = [self.kernels[i] for i in missing]
