@@ -20,7 +20,8 @@ so every decision is proved legal by isl and recorded in the trace:
    ``NR``-wide panels (``cache_read`` with a layout), column panels outermost.
    An element-wise consumer (bias, relu) becomes the output stage that the
    tile is computed at.
-3. Chains of per-row stages (softmax, layer norm) are computed inside their
+3. Scatters (``te.scatter``) copy in parallel vector loops and apply their updates in order, each row
+   vectorised.  Chains of per-row stages (softmax, layer norm) are computed inside their
    last stage's row loop; other reductions keep vector-lane partial results or
    run a small window outside a vectorised output row; element-wise outputs
    are vectorised along their innermost axis (transposing reads in blocks) and
@@ -48,7 +49,7 @@ from cuvil.schedule.contraction import (
 from cuvil.schedule.fallback import REFUSED, fall_back
 from cuvil.schedule.heuristics import Heuristics
 from cuvil.schedule.schedule import Schedule, Stage
-from cuvil.te.tensor import ComputeOp, PlaceholderOp, Tensor
+from cuvil.te.tensor import ComputeOp, PlaceholderOp, ScatterOp, Tensor
 
 
 def _pos(seq: Sequence[Any], x: Any) -> int:
@@ -152,7 +153,9 @@ class AutoScheduler(PlainStrategies):
         for st in reversed(list(s.compute_stages)):
             if st.attach != "root" or id(st) in done:
                 continue
-            if st.op.reduce_axis:
+            if isinstance(st.op, ScatterOp):
+                self.scatter(st)
+            elif st.op.reduce_axis:
                 self.reduction(st)
             else:
                 self.elementwise(st)

@@ -1,5 +1,6 @@
 """The automatic scheduler's strategies for stages that are not contractions (see cuvil.schedule.auto).
 
+Scatters: the copy as an element-wise stage, the updates in order with their row vectorised.
 Rows: a chain of per-row stages (softmax, layer norm) computed inside its last stage's row loop.
 Reductions: vector-lane partial results over one unit-stride axis (rfactor), or a small window's loops
 outside the vectorised output row.  Element-wise stages: the innermost axis vectorised (transposing reads
@@ -22,7 +23,7 @@ from cuvil.schedule.contraction import _uses, unit_stride_last
 from cuvil.schedule.fallback import REFUSED, fall_back
 from cuvil.schedule.heuristics import Heuristics
 from cuvil.schedule.schedule import Schedule, Stage
-from cuvil.te.tensor import ComputeOp
+from cuvil.te.tensor import ComputeOp, ScatterOp
 
 
 def _dtype_bytes(dtype: str) -> int:
@@ -334,6 +335,44 @@ class PlainStrategies:
                       "its steps tried one by one instead", loss=False)
             self._elementwise(st, strict=False)
 
+    def scatter(self, st: Stage) -> None:
+        """A scatter (``te.scatter``): the copy's innermost loop vectorised and its outer loop parallel when
+        the copy is big; the updates in order on one thread (two may land on one element), their innermost
+        loop vectorised when it is the row the updates store along (``out[idx[u], r]``: isl proves the
+        iterations of ``r`` touch different elements)::
+
+            for (i0) for (i1) out[i0, i1] = data[i0, i1]      parallel for (i0) for (i1.o) vector for (i1.i) ...
+            for (u) for (r) out[idx[u], r] += upd[u, r]   ->  for (u) for (r.o) vector for (r.i) ...
+        """
+        op: ScatterOp = st.op
+        n = len(op.axis)
+        v = self.lanes(op.dtype)
+        parallel = self.knobs.get(st.name, {}).get("parallel", self._big(st))
+        try:
+            with self.s.deferred_checks(self.outputs):  # the copy: element-wise, legal by construction
+                xi = self._vector_row(st, st.leaves[n - 1], v) if n else None
+                loop = st.leaves[0] if n and st.leaves[0] is not xi else None
+                if parallel and loop is not None and (const_int(loop.extent) or 2) > 1:
+                    st.parallel(loop)
+        except REFUSED as exc:
+            fall_back(self.s, st, "vectorised, parallel copy", exc, "scalar loops instead")
+        r = op.update_axis[-1] if op.update_axis else None
+        if r is None or op.indices[-1] is not r:
+            return  # the updates store along no row of their own: one element at a time
+        try:
+            self._vector_row(st, r, v)
+        except REFUSED as exc:
+            fall_back(self.s, st, f"vectorize({r.name}) of the updates", exc, "scalar updates instead")
+
+    def _vector_row(self, st: Stage, row: IterVar, v: int) -> IterVar | None:
+        """Split ``row`` by ``v`` lanes (a short row: one partial vector) and vectorise the inner loop."""
+        ext = const_int(row.extent)
+        if ext is None or ext < 4:
+            return None
+        _, xi = st.split(row, factor=v) if ext > v else (None, row)
+        st.vectorize(xi)
+        return xi
+
     def _elementwise(self, st: Stage, strict: bool, parallel: bool | None = None) -> None:
         axes = list(st.leaves)
         if not axes:
@@ -480,7 +519,7 @@ class PlainStrategies:
 
     def _big(self, st: Stage) -> bool:
         total = 1
-        for a in st.roots:
+        for a in (st.op.axis if isinstance(st.op, ScatterOp) else st.roots):  # a scatter's threads run its copy
             e = const_int(a.extent)
             total *= e if e is not None else 1024
         return total >= 32 * 1024

@@ -17,7 +17,7 @@ from cuvil.ir.expr import Expr, IterVar, Reduce, TensorRead
 from cuvil.ir.functor import ExprMutator, substitute
 from cuvil.schedule.axes import Split, const_int, depends_on, leaf_values, original_from_leaves
 from cuvil.schedule.trace import Step
-from cuvil.te.tensor import ComputeOp, ScanOp, Tensor
+from cuvil.te.tensor import ComputeOp, ScanOp, ScatterOp, Tensor
 
 SCOPES = ("global", "local")
 READ_SCOPES = SCOPES + ("shared",)  # "shared": a GPU block's shared memory (cache_read on CUDA targets)
@@ -131,8 +131,9 @@ def cache_read(sched: Any, tensor: Tensor, scope: str, readers: Sequence[Any],
         rs = sched[r]
         if not sched.reads(rs, src):
             raise ScheduleError(f"{what}: {rs.name} does not read {src.name}")
-        if isinstance(rs.op, ScanOp):
-            raise ScheduleError(f"{what}: a scan cannot read through a cache yet")
+        if isinstance(rs.op, (ScanOp, ScatterOp)):
+            raise ScheduleError(f"{what}: a {'scan' if isinstance(rs.op, ScanOp) else 'scatter'} cannot read "
+                                "through a cache yet")
         if src.attach == "at" and src.attach_stage is rs:
             raise ScheduleError(f"{what}: {src.name} is computed at a loop of {rs.name}; apply cache_read before "
                                 "compute_at")

@@ -1,7 +1,8 @@
 """The polyhedral model of a te program (islpy).
 
 Each compute stage becomes isl statements: one for an element-wise compute,
-two for a reduction (``init`` and ``update``).  A statement has an iteration
+two for a reduction (``init`` and ``update``), two for a scatter (``scatter_copy``
+over the output, ``scatter_update`` over the updates).  A statement has an iteration
 domain (run-time sizes are isl parameters), read and write access relations,
 and the scalar work it does at each point (a Store in te terms)::
 
@@ -14,7 +15,10 @@ and the scalar work it does at each point (a Store in te terms)::
 
 Affine and quasi-affine indices (``//`` and ``%`` by constants) are exact;
 a data-dependent index (``W[idx[t], d]``) reads the whole extent of that
-dimension.  isl objects stay inside ``cuvil/schedule``.
+dimension, and a scatter's store at one (``out[idx[u], r] = ...``) may write any
+element of it (isl treats it as writing them all; the update also reads them all,
+so the updates keep their order and only an ``r`` loop may run in parallel).
+isl objects stay inside ``cuvil/schedule``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from cuvil.ir import expr as E
 from cuvil.ir.expr import Binary, Cast, Const, Expr, IterVar, TensorRead, Unary, Var
 from cuvil.ir.functor import ExprMutator, substitute, walk
 from cuvil.schedule.schedule import Schedule
-from cuvil.te.tensor import ComputeOp, PlaceholderOp, ScanOp, Tensor
+from cuvil.te.tensor import ComputeOp, PlaceholderOp, ScanOp, ScatterOp, Tensor
 
 # isl gives up with an error instead of running for minutes on huge problems
 MAX_ISL_OPERATIONS = 2_000_000
@@ -45,7 +49,7 @@ class Statement:
 
     name: str
     stage: Any  # cuvil.schedule.schedule.Stage
-    kind: str  # "compute", "init" or "update"
+    kind: str  # "compute", "init", "update", "scan_init", "scan_update", "scatter_copy", "scatter_update"
     iters: tuple[IterVar, ...]
     iter_names: tuple[str, ...]
     domain: isl.Set
@@ -159,10 +163,11 @@ class PolyModel:
             for d in getattr(op, "shape", ()):
                 visit(d)
             if not isinstance(op, PlaceholderOp):
-                for a in op.axis + op.reduce_axis:
+                for a in op.axis + op.reduce_axis + getattr(op, "update_axis", ()):
                     visit(a.min)
                     visit(a.extent)
-                bodies = (op.init_body, op.update_body, op.init_extent) if isinstance(op, ScanOp) else (op.body,)
+                bodies = ((op.init_body, op.update_body, op.init_extent) if isinstance(op, ScanOp) else
+                          (op.init, op.value, *op.indices) if isinstance(op, ScatterOp) else (op.body,))
                 for body in bodies:
                     for n in walk(body):
                         if isinstance(n, TensorRead):
@@ -198,6 +203,8 @@ class PolyModel:
     def _stage_statements(self, pos: int, st: Any) -> list[Statement]:
         if isinstance(st.op, ScanOp):
             return self._scan_statements(pos, st)
+        if isinstance(st.op, ScatterOp):
+            return self._scatter_statements(pos, st)
         op: ComputeOp = st.op
         out = op.output(0)
         body = op.body
@@ -227,8 +234,26 @@ class PolyModel:
                             None, first=(op.init_extent, t.extent - op.init_extent)),
         ]
 
+    def _scatter_statements(self, pos: int, st: Any) -> list[Statement]:
+        """``copy`` over the output's axes, then ``update`` over the updates' (see ``ScatterOp``).  The
+        update reads the element it writes even where it only stores (``reduction="none"``): its write
+        may land anywhere in a data-dependent dimension, so that read is what keeps the updates in order
+        (the last one to a position wins)."""
+        op: ScatterOp = st.op
+        base = self.names.fresh(f"S{pos}_{st.name}")
+        out = op.output(0)
+        idx = tuple(self.inline.visit(i) for i in op.indices)
+        itself = TensorRead(out.dtype, out, idx)
+        return [
+            self._statement(f"{base}_copy", st, "scatter_copy", op.axis, tuple(op.axis), self.inline.visit(op.init),
+                            None),
+            self._statement(f"{base}_update", st, "scatter_update", op.update_axis, idx,
+                            self.inline.visit(op.value), None, also_reads=(itself,)),
+        ]
+
     def _statement(self, name: str, st: Any, kind: str, iters: tuple[IterVar, ...], store: tuple[Expr, ...],
-                   value: Expr, guard: Expr | None, first: tuple[Expr, Expr] | None = None) -> Statement:
+                   value: Expr, guard: Expr | None, first: tuple[Expr, Expr] | None = None,
+                   also_reads: tuple[Expr, ...] = ()) -> Statement:
         op = st.op
         local = Names()
         local.used = set(self.names.used)
@@ -250,7 +275,7 @@ class PolyModel:
         writes = self._access(space, domain, op.output(0), store, names)
         reads = isl.UnionMap.empty(domain.get_space().params())
         seen: set[tuple[int, str]] = set()
-        for root in (value,) + ((guard,) if guard is not None else ()):
+        for root in (value,) + ((guard,) if guard is not None else ()) + also_reads:
             for n in walk(root):
                 if isinstance(n, TensorRead) and (id(n.tensor), str(n.indices)) not in seen:
                     seen.add((id(n.tensor), str(n.indices)))
@@ -312,13 +337,18 @@ class PolyModel:
         """Stages in producer order, loops in te order; a reduction's init before its update loops::
 
             S_init[i, j] -> [stage, i, j, 0, 0];  S_update[i, j, k] -> [stage, i, j, 1, k]
+
+        and a scatter's copy before its updates::
+
+            S_copy[i, j] -> [stage, 0, i, j];  S_update[u, r] -> [stage, 1, u, r]
         """
-        width = 2 + max((len(s.op.axis) + (1 + len(s.op.reduce_axis) if s.op.reduce_axis else 0)
-                         for s in self.statements), default=0)
+        width = 2 + max((len(s.iters) + (s.kind == "update") for s in self.statements), default=0)
         result = isl.UnionMap.empty(self.context.get_space())
         pos = {id(st): k for k, st in enumerate(self.schedule.stages)}
         for s in self.statements:
             dims = [str(pos[id(s.stage)])] + list(s.iter_names[: len(s.op.axis)])
+            if s.kind in ("scatter_copy", "scatter_update"):  # the copy, then the updates in order
+                dims = [dims[0], "0" if s.kind == "scatter_copy" else "1"] + list(s.iter_names)
             if s.kind == "scan_init":
                 dims = [dims[0], "0"] + dims[1:]
             elif s.kind == "scan_update":

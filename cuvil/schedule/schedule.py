@@ -28,7 +28,7 @@ from cuvil.ir import expr as E
 from cuvil.ir.expr import IterVar
 from cuvil.schedule.axes import Fuse, Relation, Split, const_int, derived
 from cuvil.schedule.trace import Step
-from cuvil.te.tensor import Operation, PlaceholderOp, Tensor
+from cuvil.te.tensor import Operation, PlaceholderOp, ScatterOp, Tensor
 
 # what a primitive may change on a stage (saved before it, restored if isl refuses it)
 _STAGE_STATE = ("op", "aliases", "scope", "attach", "attach_stage", "attach_axis", "roots", "leaves", "relations",
@@ -62,7 +62,8 @@ class Stage:
 
     def reset_loops(self) -> None:
         op = self.op
-        roots = (op.axis + op.reduce_axis) if not isinstance(op, PlaceholderOp) else ()
+        # a scatter's loops: the copy's over the output, then the updates' (cuvil.te.tensor.ScatterOp)
+        roots = (op.axis + op.reduce_axis + getattr(op, "update_axis", ())) if not isinstance(op, PlaceholderOp) else ()
         self.roots: tuple[IterVar, ...] = roots
         self.leaves: list[IterVar] = list(roots)
         self.relations: list[Relation] = []
@@ -448,6 +449,9 @@ class Stage:
                 f"{self.name}.compute_inline: {self.name} is a reduction and cannot be inlined; "
                 f"compute it at a loop of its reader with compute_at instead"
             )
+        if isinstance(self.op, ScatterOp):
+            raise ScheduleError(f"{self.name}.compute_inline: {self.name} is a scatter (stores at positions read from "
+                                "memory) and cannot be inlined; compute it at the root")
         if any(a is not b for a, b in zip(self.op.store_indices, self.op.axis)):
             raise ScheduleError(
                 f"{self.name}.compute_inline: {self.name} stores its elements in another layout (a packed "

@@ -36,7 +36,7 @@ from cuvil.ir.functor import free_vars
 from cuvil.schedule.axes import leaf_values
 from cuvil.schedule.model import PolyModel
 from cuvil.schedule.timemap import TimeMaps, _truncate
-from cuvil.te.tensor import ScanOp
+from cuvil.te.tensor import ScanOp, ScatterOp
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def plan_storage(model: PolyModel, tm: TimeMaps, intermediates: list[Any]) -> di
     for st in intermediates:
         if st.attach != "at" or id(st) not in tm.attach_dim:
             continue
-        if isinstance(st.op, ScanOp):  # each step reads the steps before it: earlier iterations' rows
+        if isinstance(st.op, (ScanOp, ScatterOp)):  # each step reads the steps before it: earlier iterations' rows
             continue
         readers = [r for r in sched.compute_stages if r.attach != "inline" and sched.reads(r, st)]
         if not any(r is st.attach_stage for r in readers):

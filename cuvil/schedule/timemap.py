@@ -9,7 +9,8 @@ where ``leaf_k`` is the value of its k-th loop (see ``axes.leaf_values``) and
 ``slot_k`` is a constant that orders what runs inside loop ``leaf_k``: the
 stages computed there (``compute_at``) come first, then the stage's own
 body.  A reduction's ``init`` runs just before the first loop over a
-reduction axis; its ``update`` follows.
+reduction axis; its ``update`` follows.  A scatter's ``copy`` runs before its
+``update`` (``slot_-1``); each has a constant 0 at the loops of the other.
 
 The prefix of a root stage is its position among the root stages.  The prefix
 of a stage computed at loop ``leaf_k`` of a consumer is the consumer's time
@@ -73,7 +74,9 @@ def _suffix(model: PolyModel, s: Statement, counts: list[int]) -> tuple[isl.Map,
     vals = leaf_values(st.roots, st.relations)
     names = dict(model.param_names)
     names.update({id(a): n for a, n in zip(s.iters, s.iter_names)})
-    names.update({id(a): n for a, n in zip(st.roots, s.iter_names)})
+    scatter = s.kind in ("scatter_copy", "scatter_update")
+    if not scatter:  # a scatter's update runs over some of its stage's roots, not a prefix of them
+        names.update({id(a): n for a, n in zip(st.roots, s.iter_names)})
     cut = _cut(st)
     out: list[str] = []
     dims: list[IterVar | None] = []
@@ -82,6 +85,8 @@ def _suffix(model: PolyModel, s: Statement, counts: list[int]) -> tuple[isl.Map,
         base = counts[k + 1]
         if k == -1 and s.kind in ("scan_init", "scan_update"):  # a scan's init steps run first
             return base + (0 if s.kind == "scan_init" else 1)
+        if k == -1 and scatter:  # a scatter's copy runs first
+            return base + (0 if s.kind == "scatter_copy" else 1)
         if cut is not None and k == cut - 1:
             return base + (0 if s.kind == "init" else 1)
         return base
@@ -96,7 +101,14 @@ def _suffix(model: PolyModel, s: Statement, counts: list[int]) -> tuple[isl.Map,
             out += ["0" if red else isl_aff(vals[id(leaf)], names), "0"]  # type: ignore[list-item]
             dims += [leaf, None]
             continue
+        if scatter and not depends_on(vals[id(leaf)], s.iters):  # a loop of the scatter's other nest
+            out += ["0", str(slot(k))]
+            dims += [leaf, None]
+            continue
         aff = isl_aff(vals[id(leaf)], names)
+        if scatter and aff is None:
+            raise ScheduleError(f"stage {st.name}: loop {leaf.name} runs over both the output and the updates of "
+                                "a scatter; fuse or reorder the loops of one of them only")
         if aff is None:
             raise ScheduleError(f"stage {st.name}: loop {leaf.name} = {vals[id(leaf)]} is not affine")
         out += [aff, str(slot(k))]

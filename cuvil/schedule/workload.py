@@ -116,7 +116,7 @@ def workload_of(args: Sequence[Any], target: Any = "llvm") -> Workload:
     """The :class:`Workload` of the program whose build arguments are ``args`` (inputs, outputs, sizes)."""
     from cuvil.ir.expr import IterVar, Var
     from cuvil.target import Target
-    from cuvil.te.tensor import ComputeOp, PlaceholderOp, ScanOp, Tensor
+    from cuvil.te.tensor import ComputeOp, PlaceholderOp, ScanOp, ScatterOp, Tensor
 
     if not isinstance(args, (list, tuple)) or not args:
         raise ArgumentError("the tuner needs the argument list of the program, e.g. [A, B, C]")
@@ -147,6 +147,10 @@ def workload_of(args: Sequence[Any], target: Any = "llvm") -> Workload:
             axes = [c.expr(a, name) for a in op.axis]
             lines.append(["scan", name, op.dtype, shape, axes, c.expr(op.init_extent, name),
                           c.expr(op.init_body, name), c.expr(op.update_body, name)])
+        elif isinstance(op, ScatterOp):
+            axes = [c.expr(a, name) for a in op.axis + op.update_axis]
+            lines.append(["scatter", name, op.dtype, shape, axes, c.expr(op.init, name),
+                          c.expr(list(op.indices), name), c.expr(op.value, name)])
         else:
             raise ArgumentError(f"the tuner cannot key the operation {op!r}")
     roles = []

@@ -35,6 +35,7 @@ from cuvil.te.api import (
     round,
     rsqrt,
     scan,
+    scatter,
     sigmoid,
     sin,
     sinh,
@@ -46,12 +47,12 @@ from cuvil.te.api import (
     trunc,
     var,
 )
-from cuvil.te.tensor import ComputeOp, Operation, PlaceholderOp, ScanOp, Tensor
+from cuvil.te.tensor import ComputeOp, Operation, PlaceholderOp, ScanOp, ScatterOp, Tensor
 
 __all__ = [
-    "ComputeOp", "Expr", "ScanOp", "IterVar", "Operation", "PlaceholderOp", "Reduce", "Tensor", "Var",
+    "ComputeOp", "Expr", "ScanOp", "ScatterOp", "IterVar", "Operation", "PlaceholderOp", "Reduce", "Tensor", "Var",
     "abs", "all", "any", "cast", "ceil", "comm_reducer", "compute", "const", "create_schedule",
     "erf", "exp", "floor", "if_then_else", "isnan", "log", "max", "min", "placeholder", "pow",
-    "power", "reduce_axis", "round", "rsqrt", "scan", "sigmoid", "sqrt", "structural_equal", "sum", "tanh",
+    "power", "reduce_axis", "round", "rsqrt", "scan", "scatter", "sigmoid", "sqrt", "structural_equal", "sum", "tanh",
     "trunc", "var", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "fmod",
 ]

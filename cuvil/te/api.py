@@ -367,6 +367,57 @@ def scan(init: Tensor, update: Tensor, state_placeholder: Tensor, inputs: Any = 
     return out
 
 
+def scatter(data: Tensor, shape: Any, index: Callable[..., Any], value: Callable[..., Any],
+            combine: Callable[[Expr, Expr], Expr] | None = None, name: str = "scatter") -> Tensor:
+    """A copy of ``data`` updated in place at data-dependent positions: for every point ``u`` of
+    ``shape``, in row-major order, ``out[index(*u)] = combine(out[index(*u)], value(*u))`` (without
+    ``combine``, a plain store: the last update to a position wins).  The loop nest::
+
+        for (i0, i1) out[i0, i1] = data[i0, i1]
+        for (e, f)   out[idx[e], f] = out[idx[e], f] + upd[e, f]
+
+    from (``index_add`` along axis 0)::
+
+        out = te.scatter(X, (E, F), lambda e, f: (idx[e], f), lambda e, f: upd[e, f],
+                         lambda old, new: old + new)
+
+    The work is linear in the updates.  An index read from memory is checked when the kernel runs.
+    """
+    from cuvil.ir.expr import TensorRead
+    from cuvil.te.tensor import ScatterOp
+
+    if not isinstance(data, Tensor):
+        raise ShapeError(f"te.scatter {name}: data must be a te tensor, got {type(data).__name__}")
+    shp = _shape(shape, f"te.scatter {name}")
+    unames = _arg_names(index, len(shp), name)
+    update_axis = tuple(IterVar("int64", n, E.const(0, "int64"), s, "data") for n, s in zip(unames, shp))
+    onames, taken = [], set(unames)
+    for d in range(data.ndim):
+        n = f"i{d}"
+        while n in taken:
+            n += "_"
+        onames.append(n)
+    axis = tuple(IterVar("int64", n, E.const(0, "int64"), s, "data") for n, s in zip(onames, data.shape))
+    idx = index(*update_axis)
+    idx = tuple(idx) if isinstance(idx, (tuple, list)) else (idx,)
+    if len(idx) != data.ndim:
+        raise ShapeError(f"te.scatter {name}: index gives {len(idx)} indices for data of rank {data.ndim}")
+    idx = tuple(E.as_expr(i, "int64") for i in idx)
+    new = value(*update_axis)
+    new = new if isinstance(new, Expr) else E.const(new, data.dtype)
+    if new.dtype != data.dtype:
+        raise DTypeError(f"te.scatter {name}: the updates are {new.dtype} but data is {data.dtype}")
+    for root in (*idx, new):
+        _check_body(root, update_axis, f"te.scatter {name}")
+    op = ScatterOp(name, axis, data[axis], update_axis, idx)
+    if combine is not None:
+        new = combine(TensorRead(data.dtype, op.output(0), idx), new)
+        if not isinstance(new, Expr) or new.dtype != data.dtype:
+            raise DTypeError(f"te.scatter {name}: combine must give a {data.dtype} expression")
+    op.value = new
+    return op.output(0)
+
+
 def create_schedule(outputs: Tensor | Any | Sequence[Any]) -> Any:
     """A default schedule of ``outputs`` (a Tensor, its op, or a list)."""
     from cuvil.schedule import Schedule

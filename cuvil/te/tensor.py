@@ -167,3 +167,47 @@ class ScanOp(Operation):
                 if isinstance(n, TensorRead) and n.tensor is not self._out and id(n.tensor) not in seen:
                     seen[id(n.tensor)] = n.tensor
         return list(seen.values())
+
+
+class ScatterOp(Operation):
+    """Stores at data-dependent positions (``te.scatter``): a copy, then one store per update::
+
+        for (p0, p1, ...)                               # axis: the output's (statement "copy")
+          out[p0, p1, ...] = init                       # init reads data[p0, p1, ...]
+        for (u0, u1, ...)                               # update_axis, in row-major order ("update")
+          out[indices] = value                          # value may read out[indices]: old (op) new
+
+    An update runs once per update, so the work is linear in the updates whatever the output's size.
+    The stage's loops are both nests (``axis + update_axis``); a loop runs one statement or the other.
+    ``indices`` are data-dependent (read from memory): the polyhedral model lets each update write, and
+    read, any element of the dimensions they index, so the updates stay in order unless isl proves two
+    of them touch different elements (different rows ``r`` of ``out[idx[u], r]``).
+    """
+
+    def __init__(self, name: str, axis: tuple[IterVar, ...], init: Expr, update_axis: tuple[IterVar, ...],
+                 indices: tuple[Expr, ...], tag: str = ""):
+        self.name = name
+        self.axis = axis
+        self.reduce_axis: tuple[IterVar, ...] = ()
+        self.update_axis = update_axis
+        self.init = init
+        self.indices = indices
+        self.value: Expr = init  # set by te.scatter once the output exists (it may read it)
+        self.tag = tag
+        self.shape = tuple(a.extent for a in axis)
+        self.store_indices = tuple(axis)  # the copy's
+        self.dtype = init.dtype
+        self._out = Tensor(self, self.shape, self.dtype, name)
+
+    @property
+    def body(self) -> Expr:
+        return self.value
+
+    @property
+    def input_tensors(self) -> list[Tensor]:
+        seen: dict[int, Tensor] = {}
+        for root in (self.init, self.value, *self.indices):
+            for n in walk(root):
+                if isinstance(n, TensorRead) and n.tensor is not self._out and id(n.tensor) not in seen:
+                    seen[id(n.tensor)] = n.tensor
+        return list(seen.values())

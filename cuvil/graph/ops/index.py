@@ -9,11 +9,10 @@ the input and the index, as onnxruntime refuses it; nothing is clamped, wrapped 
 negative-index rule) or dropped.  ``bounds_checks=False`` (the session's, or ``compile_graph``'s)
 leaves the checks out: an index out of range is then undefined behaviour, as in C.
 
-The scatters are functional: output element ``p`` is ``data[p]`` combined with every update whose
-index is ``p`` -- a reduction over the updates (``sum``/``prod``/``max``/``min``, or for
-``reduction="none"`` the last matching update, as onnxruntime writes them in order).  That costs
-(output size) x (number of updates), fine for the sizes models use; a ScatterND whose indices are
-known at compile time instead reads a table, built then, of the update that lands on each position.
+The scatters copy ``data`` and then apply each update in order (``te.scatter``): ``out[p] (op)=
+update`` where the update's index sends it, the last one winning for ``reduction="none"``, as
+onnxruntime writes them.  That costs (output size) + (number of updates); a ScatterND whose indices
+are known at compile time instead reads a table, built then, of the update that lands on each position.
 """
 
 from __future__ import annotations
@@ -60,19 +59,8 @@ def _reduction(ctx: NodeCtx) -> str:
     return r
 
 
-_prod = te.comm_reducer(lambda a, b: a * b, lambda t: 1, name="prod")
-
-
-def _reduce(kind: str, v: Any, axis: Any, where: Any) -> Any:
-    """``v`` reduced over ``axis`` where ``where`` holds, by the scatter ``reduction`` ``kind``."""
-    if kind == "add":
-        return te.sum(v, axis=axis, where=where)
-    if kind == "mul":
-        return _prod(v, axis=axis, where=where)
-    return te.max(v, axis=axis, where=where) if kind == "max" else te.min(v, axis=axis, where=where)
-
-
 def _combine(kind: str, d: Any, u: Any) -> Any:
+    """``d (op) u`` for the scatter ``reduction`` ``kind`` (not "none")."""
     if kind == "add":
         return d + u
     if kind == "mul":
@@ -184,16 +172,8 @@ def scatter_nd(ctx: NodeCtx) -> list:
             pos = pos * shp[c] + ctx.index(idx[u, c], shp[c], 1)
         return pos
 
-    where = te.compute((n_upd,), flat, name="scatter_pos")
-    if kind == "none":  # the last update that lands on a position wins, for its whole slice
-        u = te.reduce_axis((0, n_upd), name="u")
-        last = te.compute((n_pos,), lambda p: te.max(te.if_then_else(where[u] == p, te.cast(u, "int64"),
-                                                                       te.const(-1, "int64")), axis=u),
-                          name="scatter_last")
-        res = te.compute((n_pos, n_row), lambda p, r: te.if_then_else(last[p] >= 0, upd[last[p], r], data[p, r]),
-                         name="scatter_nd")
-    else:
-        res = _scatter(kind, (n_pos, n_row), n_upd, lambda p, r, u: where[u] == p, lambda p, r, u: upd[u, r], data)
+    res = te.scatter(data, (n_upd, n_row), lambda u, r: (flat(u), r), lambda u, r: upd[u, r], _combiner(kind),
+                     name="scatter_nd")
     return [Shaped(res, shp)]
 
 
@@ -210,17 +190,9 @@ def _nd_table(ctx: NodeCtx, dims: tuple[int, ...], kind: str) -> np.ndarray | No
     return table
 
 
-def _scatter(kind: str, out: tuple[int, ...], n_upd: int, match: Callable[..., Any], value: Callable[..., Any],
-             data: Any) -> Any:
-    """``out[p] = data[p]`` combined with ``value(p, u)`` for every update ``u`` where ``match(p, u)``."""
-    u = te.reduce_axis((0, n_upd), name="u")
-    if kind == "none":  # the last update that lands on p wins
-        last = te.compute(out, lambda *p: te.max(te.if_then_else(match(*p, u), te.cast(u, "int64"),
-                                                                  te.const(-1, "int64")), axis=u), name="scatter_last")
-        return te.compute(out, lambda *p: te.if_then_else(last[p] >= 0, value(*p, last[p]), data[p]),
-                          name="scatter")
-    acc = te.compute(out, lambda *p: _reduce(kind, value(*p, u), u, match(*p, u)), name="scatter_acc")
-    return te.compute(out, lambda *p: _combine(kind, data[p], acc[p]), name="scatter")
+def _combiner(kind: str) -> Callable[[Any, Any], Any] | None:
+    """How an update meets the element it lands on: stored over it ("none"), or combined with it."""
+    return None if kind == "none" else lambda old, new: _combine(kind, old, new)
 
 
 @op("ScatterElements", "Scatter")
@@ -244,18 +216,11 @@ def scatter_elements(ctx: NodeCtx) -> list:
     _check_known(ctx, 1, shp[axis])
     data, idx, upd = ctx.tensor(0), ctx.tensor(1), ctx.tensor(2)
     n = shp[axis]
-    # the updates land on the positions whose other coordinates are those of an index position
-    part = tuple(n if d == axis else m for d, m in enumerate(ishp))
 
-    def at(p: tuple[Any, ...], u: Any) -> tuple[Any, ...]:
-        return p[:axis] + (u,) + p[axis + 1:]
+    def at(*u: Any) -> tuple[Any, ...]:  # update u lands on u with axis replaced by its index
+        return u[:axis] + (ctx.index(idx[u], n, 1),) + u[axis + 1:]
 
-    res = _scatter(kind, part, ishp[axis], lambda *a: ctx.index(idx[at(a[:-1], a[-1])], n, 1) == a[axis],
-                   lambda *a: upd[at(a[:-1], a[-1])], data)
-    if part == shp:
-        return [res]
-    inside = lambda p: te.all(*(p[d] < m for d, m in enumerate(part) if m < shp[d]))  # noqa: E731
-    return [te.compute(shp, lambda *p: te.if_then_else(inside(p), res[p], data[p]), name="scatter_all")]
+    return [te.scatter(data, ishp, at, lambda *u: upd[u], _combiner(kind), name="scatter")]
 
 
 # -- OneHot ----------------------------------------------------------------------------------
