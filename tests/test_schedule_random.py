@@ -676,3 +676,15 @@ def test_nary_min_in_the_isl_ast():
     io, ii = s[D].split(s[D].op.axis[0], factor=4)
     s[C].compute_at(s[D], io)
     refused_or_right(s, [A, D], lambda: s[C].split(s[C].op.axis[0], factor=3), lambda a: 2 * a + 1)
+
+
+def test_rfactor_after_an_overshooting_split_of_an_inner_reduction_loop():
+    """Was: tile(i, k, 1, 1), split(k.inner, 2), rfactor(C, k.outer): k.inner (extent 1) split by 2 runs two
+    inner iterations, and the rfactored stage guarded only k's own range, so k = k.outer + 1 was added
+    twice (matmul results about twice too large; found by hypothesis on 2026-12-05)."""
+    A, B, C = small_matmul()
+    s = te.create_schedule(C)
+    i, j = s[C].op.axis
+    _, ko, _, ki = s[C].tile(i, s[C].op.reduce_axis[0], 1, 1)
+    s[C].split(ki, 2)
+    refused_or_right(s, [A, B, C], lambda: s.rfactor(C, ko, 0), lambda a, b: a @ b)

@@ -60,8 +60,9 @@ def leaf_values(roots: tuple[IterVar, ...], relations: list[Relation]) -> dict[i
 
 
 def original_from_leaves(roots: tuple[IterVar, ...], relations: list[Relation],
-                         leaves: list[IterVar]) -> dict[int, Expr]:
-    """The inverse map: each original axis as an expression of the leaf axes."""
+                         leaves: list[IterVar], every: bool = False) -> dict[int, Expr]:
+    """The inverse map: each original axis (with ``every``, each axis a relation derives from, too) as an
+    expression of the leaf axes."""
     expr: dict[int, Expr] = {id(a): a for a in leaves}
     for r in reversed(relations):
         if isinstance(r, Split):
@@ -72,7 +73,7 @@ def original_from_leaves(roots: tuple[IterVar, ...], relations: list[Relation],
                 f = expr[id(r.fused)]
                 expr[id(r.outer)] = simplify_expr(r.outer.min + f // r.inner.extent)
                 expr[id(r.inner)] = simplify_expr(r.inner.min + f % r.inner.extent)
-    return {id(a): expr[id(a)] for a in roots if id(a) in expr}
+    return expr if every else {id(a): expr[id(a)] for a in roots if id(a) in expr}
 
 
 def depends_on(value: Expr, axes: tuple[IterVar, ...]) -> bool:

@@ -246,7 +246,7 @@ def rfactor(sched: Any, tensor: Tensor, axis: IterVar, factor_axis: int = 0) -> 
         mapping: dict[Any, Expr] = dict(zip(op.axis, data))
         for ra in op.reduce_axis:
             mapping[ra] = substitute(inv[id(ra)], {a: leaf_map[id(a)] for a in red})
-        guard = _split_guard(st, op.reduce_axis, mapping)
+        guard = _split_guard(st, op.reduce_axis, mapping, red, leaf_map)
         where = None if r.where is None else substitute(r.where, mapping)
         if guard is not None:
             where = guard if where is None else E.binary("and", guard, where)
@@ -268,20 +268,31 @@ def rfactor(sched: Any, tensor: Tensor, axis: IterVar, factor_axis: int = 0) -> 
     return out[0]
 
 
-def _split_guard(st: Any, raxes: tuple[IterVar, ...], mapping: dict[Any, Expr]) -> Expr | None:
-    """``lo <= r < lo + extent`` for reduction axes that a non-dividing split can overshoot."""
-    overshoot = set()
+def _split_guard(st: Any, raxes: tuple[IterVar, ...], mapping: dict[Any, Expr], red: list[IterVar],
+                 leaf_map: dict[int, IterVar]) -> Expr | None:
+    """``lo <= r < lo + extent`` for reduction axes that a non-dividing split can overshoot, and
+    ``p < p.min + extent`` for each such split's parent ``p`` that is not a reduction axis itself (a loop
+    of extent 1 split by 2 overshoots it while the axis above stays in range: without its own guard the
+    rfactored stage would add some terms twice)."""
+    overshoot = []
     for rel in st.relations:
         if isinstance(rel, Split):
             ext, f = const_int(rel.parent.extent), const_int(rel.factor)
             if ext is None or f is None or ext % f:
-                overshoot.add(id(rel.parent))
+                overshoot.append(rel.parent)
     # an overshoot anywhere in the chain of a reduction axis can take it out of range
     conds = []
     for ra in raxes:
         if overshoot:
             e = mapping[ra]
             conds.append(E.binary("and", E.binary("ge", e, ra.min), E.binary("lt", e, ra.min + ra.extent)))
+    inner = [p for p in overshoot if p.kind == "reduce" and all(p is not ra for ra in raxes)]
+    if inner:
+        every = original_from_leaves(st.roots, st.relations, list(red), every=True)
+        for p in inner:
+            if id(p) in every:
+                e = substitute(every[id(p)], {a: leaf_map[id(a)] for a in red})
+                conds.append(E.binary("lt", e, p.min + p.extent))
     if not conds:
         return None
     out = conds[0]
