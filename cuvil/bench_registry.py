@@ -5,6 +5,8 @@ One protocol, so figures compare across sessions::
     cuvil bench --registry                                  # every model, full size, dynamo export, 1 and 2 threads
     cuvil bench --registry resnet50,gpt2 --exporter dynamo,torchscript --threads 1
     cuvil bench --registry --config ci                      # the small configurations (seconds each)
+    cuvil bench --registry --threads 1 --profile 5          # and each model's 5 longest kernels below half of
+                                                            # the peak (contractions) or the bandwidth (the rest)
 
 Per model and exporter it prints:
 
@@ -65,6 +67,7 @@ class Result:
     ok: bool = True
     max_err: float = 0.0
     error: str = ""
+    gaps: str = ""  # with --profile N: the N longest kernels below half of the peak or the bandwidth
 
     def ratio(self, t: int) -> float:
         """cuvil / onnxruntime at ``t`` threads: CPU time at 1 thread, wall time above."""
@@ -423,7 +426,7 @@ def time_pair(ours: Any, theirs: Any, example: dict[str, np.ndarray], threads: i
 
 
 def bench_one(model: str, exporter: str, config: str, threads: list[int], rounds: int, budget_s: float,
-              cold: bool = True) -> Result:
+              cold: bool = True, profile: int = 0) -> Result:
     """Measure one registry model as one exporter writes it (see the module docstring)."""
     import cuvil
     from cuvil import registry
@@ -451,6 +454,12 @@ def bench_one(model: str, exporter: str, config: str, threads: list[int], rounds
             else:  # this process's engines stay idle: their pools must not spin beside the timed one
                 del theirs
                 res.latency[t] = time_apart(path, example, t, rounds, budget_s)
+        finally:
+            cuvil.set_num_threads(None)
+    if profile:  # at 1 thread: the kernels below half of the peak or of the bandwidth
+        cuvil.set_num_threads(1)
+        try:
+            res.gaps = sess.programs()[0].profile(example).gaps_table(profile)
         finally:
             cuvil.set_num_threads(None)
     return res
@@ -514,7 +523,7 @@ def finish(results: list[Any], summary_lines: list[str], json_path: str | None) 
 
 
 def run(models: list[str], exporters: list[str], config: str, threads: list[int], rounds: int = 5,
-        budget_s: float = 2.0, cold: bool = True, json_path: str | None = None) -> int:
+        budget_s: float = 2.0, cold: bool = True, json_path: str | None = None, profile: int = 0) -> int:
     """Benchmark the registry (``models``: all when empty) and print the table; 1 if any failed."""
     from cuvil import registry
     from cuvil.errors import CuvilError
@@ -528,10 +537,12 @@ def run(models: list[str], exporters: list[str], config: str, threads: list[int]
     for model in models:
         for exporter in exporters:
             try:
-                r = bench_one(model, exporter, config, threads, rounds, budget_s, cold)
+                r = bench_one(model, exporter, config, threads, rounds, budget_s, cold, profile)
             except (CuvilError, OSError, ValueError, RuntimeError) as exc:
                 first = (str(exc).strip().splitlines() or [""])[0][:160]
                 r = Result(model, exporter, error=f"{type(exc).__name__}: {first}")
             results.append(r)
             print(row(r, threads), flush=True)
+            if r.gaps:
+                print("\n".join("    " + line for line in r.gaps.splitlines()), flush=True)
     return finish(results, summary(results, threads), json_path)

@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                          "processes")
     p_bench.add_argument("--rounds", type=int, default=5, help="models: interleaved timing rounds")
     p_bench.add_argument("--profile", type=int, default=0, metavar="N", help="models: also print the N slowest "
-                         "kernel calls of each (at the first thread count)")
+                         "kernel calls of each (at the first thread count); --registry: the N longest kernels below "
+                         "half of the peak (contractions) or of the streaming bandwidth (the rest), at 1 thread")
     p_bench.add_argument("--tuning-db", default=None, metavar="DB", help="models: compile with the best schedules "
                          "in this tuning database (cuvil tune) and time the untuned compilation beside it")
     p_bench.add_argument("--shapes", action="append", nargs="+", default=[], metavar="NAME=D0,D1,...",
@@ -302,7 +303,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, tune_cl
                 return bench_torch.run(names, args.config, threads, rounds=args.rounds, cold=not args.no_cold,
                                        json_path=args.json)
             return bench_registry.run(names, [e for e in args.exporter.split(",") if e], args.config, threads,
-                                      rounds=args.rounds, cold=not args.no_cold, json_path=args.json)
+                                      rounds=args.rounds, cold=not args.no_cold, json_path=args.json,
+                                      profile=args.profile)
         shapes = cli_onnx.parse_shapes(args.shapes, one=True)
         return bench_model.run(models, threads, cold=not args.no_cold, rounds=args.rounds,
                                profile_top=args.profile, tuning_db=args.tuning_db, shapes=shapes or None)

@@ -71,6 +71,7 @@ class CallTime:
     seconds: float
     flops: float = 0.0
     kind: str = ""
+    bytes: float = 0.0  # the sizes of its buffers (inputs and outputs): the least memory traffic it can have
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,38 @@ class Profile:
     calls: tuple[CallTime, ...]
     run_seconds: float  # one whole run (all calls in one native call), median
     peak: float = 0.0  # float32 flop/s of the cores the run uses (measured: cuvil.codegen.calibrate), 0: unknown
+    bandwidth: float = 0.0  # bytes/s a streaming copy reaches on those cores (measured: stream_bandwidth), 0: unknown
+
+    def efficiency(self, c: CallTime) -> tuple[float, str] | None:
+        """How close call ``c`` comes to the machine's limit: (its float32 FLOP rate / the peak, "peak") for a
+        float32 contraction, else (its buffers' bytes per second / the streaming bandwidth, "bandwidth");
+        None when the limit is unknown or the call took no time."""
+        if not c.seconds:
+            return None
+        if c.kind == "fp32" and c.flops:
+            return (c.flops / c.seconds / self.peak, "peak") if self.peak else None
+        return (c.bytes / c.seconds / self.bandwidth, "bandwidth") if self.bandwidth and c.bytes else None
+
+    def gaps(self, below: float = 0.5) -> list[tuple[CallTime, float, str]]:
+        """The calls below ``below`` of their limit (:meth:`efficiency`), the longest first: where the next
+        speed-up is."""
+        out = []
+        for c in self.calls:
+            e = self.efficiency(c)
+            if e is not None and e[0] < below:
+                out.append((c, *e))
+        return sorted(out, key=lambda g: -g[0].seconds)
+
+    def gaps_table(self, top: int | None = None, below: float = 0.5) -> str:
+        """:meth:`gaps` as lines: share of the calls' time, the fraction of the limit, the call."""
+        total = self.total or 1.0
+        rows = self.gaps(below)
+        lines = [f"  {c.seconds / total:>6.1%} of the time at {e:>4.0%} of the {what:<9}  #{c.index} {c.label} "
+                 f"{c.shapes}" for c, e, what in rows[:top]]
+        share = sum(c.seconds for c, _, _ in rows) / total
+        head = (f"kernels below {below:.0%} of the peak (contractions) or of the bandwidth (the rest): {len(rows)} "
+                f"calls, {share:.0%} of the calls' time")
+        return "\n".join([head, *lines])
 
     def contractions(self) -> tuple[float, float]:
         """(flops, seconds) of the calls with float32 contractions: their aggregate rate is flops / seconds."""
@@ -178,9 +211,44 @@ def profile(prog: Any, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> Pro
     work = getattr(prog, "call_flops", None) or [(0.0, "")] * prog.n_calls
     out = []
     for k, label, kernel, one in _entries(prog, arrays):
-        shapes = " ".join("x".join(str(getattr(d, "value", d)) for d in b.shape) for b in _buffers(funcs[kernel]))
-        out.append(CallTime(k, label, shapes, _median(one, repeat), *work[k]))
-    return Profile(tuple(out), run_s, _peak(prog.target))
+        bufs = _buffers(funcs[kernel])
+        shapes = " ".join("x".join(str(getattr(d, "value", d)) for d in b.shape) for b in bufs)
+        size = sum(math.prod(int(getattr(d, "value", 1)) for d in b.shape) * np.dtype(b.dtype).itemsize for b in bufs)
+        out.append(CallTime(k, label, shapes, _median(one, repeat), *work[k], bytes=float(size)))
+    return Profile(tuple(out), run_s, _peak(prog.target), stream_bandwidth(prog.target))
+
+
+# (canonical target, threads) -> bytes/s
+_BANDWIDTH: dict[tuple[str, int], float] = {}
+
+
+def stream_bandwidth(target: Any = "llvm", mib: int = 64) -> float:
+    """Bytes per second a copy of ``mib`` MiB of float32 (compiled by cuvil: vector loops, parallel over the
+    session's threads) moves, reads and writes counted: the bandwidth a memory-bound kernel can reach.
+    Measured once per process, target and thread count (the fastest of a few copies); 0.0 when the
+    target is not this machine."""
+    import cuvil
+    from cuvil import te
+    from cuvil.runtime.threads import get_num_threads
+    from cuvil.target import Target
+
+    tgt = Target(target)
+    key = (tgt.canonical, get_num_threads())
+    if key not in _BANDWIDTH:
+        if not tgt.is_host:
+            return 0.0
+        n = mib * 1024 * 1024 // 4
+        x = te.placeholder((n,), name="x")
+        y = te.compute((n,), lambda i: x[i], name="y")
+        mod = cuvil.build(cuvil.auto_schedule([x, y], tgt), [x, y], tgt)
+        a, b = np.ones(n, np.float32), np.empty(n, np.float32)
+        best = math.inf
+        for _ in range(5):
+            t0 = time.perf_counter()
+            mod(a, b)
+            best = min(best, time.perf_counter() - t0)
+        _BANDWIDTH[key] = 2 * 4 * n / best
+    return _BANDWIDTH[key]
 
 
 def _peak(target: Any) -> float:
