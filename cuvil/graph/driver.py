@@ -26,6 +26,17 @@ from cuvil.options import CompileOptions
 __all__ = ["ModelCompiler"]
 
 
+# signatures whose programs a compiler keeps: a session fed ever new shapes (a dynamic sequence length) compiles
+# one program per shape; the least recently used beyond these are dropped (compiled again if they come back)
+MAX_PROGRAMS = 64
+
+
+def _programs() -> Any:
+    from cuvil.cache import BoundedCache
+
+    return BoundedCache("cuvil.graph.driver.ModelCompiler._cache", MAX_PROGRAMS)
+
+
 class ModelCompiler:
     """The graph passes of ``options`` run once over ``graph``; then one :class:`CompiledGraph` per signature.
 
@@ -40,7 +51,7 @@ class ModelCompiler:
         self.graph = prepare(graph, dump=dump, passes=self.options.passes)
         self.specialised: set[str] = set()  # inputs whose values the programs are specialised on
         self.on_compiled = on_compiled
-        self._cache: dict[tuple, Any] = {}
+        self._cache = _programs()
         self._lock = threading.Lock()
 
     def state(self) -> dict[str, Any]:
@@ -56,7 +67,8 @@ class ModelCompiler:
         self.graph = state["graph"]
         self.specialised = set(state["specialised"])
         self.on_compiled = None
-        self._cache = dict(state["programs"])
+        self._cache = _programs()
+        self._cache.update(state["programs"])
         self._lock = threading.Lock()
         return self
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from cuvil.cache import BoundedCache
+
 _KERNEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)  # k_checked
 
 
@@ -218,8 +220,8 @@ def profile(prog: Any, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> Pro
     return Profile(tuple(out), run_s, _peak(prog.target), stream_bandwidth(prog.target))
 
 
-# (canonical target, threads) -> bytes/s
-_BANDWIDTH: dict[tuple[str, int], float] = {}
+# (canonical target, threads) -> bytes/s: a process profiles on one machine, at a few thread counts
+_BANDWIDTH: BoundedCache[tuple[str, int], float] = BoundedCache("cuvil.graph.profile._BANDWIDTH", 16)
 
 
 def stream_bandwidth(target: Any = "llvm", mib: int = 64) -> float:
