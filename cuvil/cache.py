@@ -27,6 +27,7 @@ owner                                          limit  what an entry holds (and w
 ``cuvil.autotune.exec_board._FLUSH``              64  a board's cache-flush size, per command prefix
 ``cuvil.autotune.exec_board._REFERENCES``          4  reference outputs computed on a board: one workload at a time
 ``cuvil.autotune.exec_harness._STAGED``           64  where the timing harness was copied, per board prefix
+``cuvil.graph.profile._BANDWIDTH``                16  a measured streaming bandwidth per (target, threads)
 =============================================  =====  ===========================================================
 
 Module-level state that is not a cache, and so has no limit:
@@ -42,7 +43,8 @@ Module-level state that is not a cache, and so has no limit:
 ``functools.cache`` memoises a few functions of a target or CPU name (``cuvil.target._narrowed``,
 ``cuvil.codegen.calibrate``, ``cuvil.autotune.exec_harness._build_harness``): one entry per target a process
 uses.  Caches owned by an object live as long as it does (a session's programs per input signature:
-``cuvil.graph.driver.ModelCompiler``).
+``cuvil.graph.driver.ModelCompiler``, its 64 most recently used).  Session images on disk
+(``cuvil.graph.images``) keep the 8 most recently used.
 """
 
 from __future__ import annotations
