@@ -7,7 +7,7 @@
       -> schedule map                     (the te order for now)
       -> isl AST                          (schedule.astgen.generate_ast)
       -> loop IR                          (schedule.astgen.ast_to_loops, intermediates allocated)
-      -> passes                           (ir.simplify, ir.versioning, ir.unroll)
+      -> passes                           (ir.guards, ir.simplify, ir.versioning, ir.unroll)
       -> bounds, checked                  (ir.checks: the other indices, and sizes the proof needs)
       -> LoweredFunc                      (what cuvil.lower returns; print it)
       -> LLVM IR -> O3 -> machine code    (codegen.llvm, inside runtime.Module)
@@ -25,6 +25,7 @@ from typing import Any
 from cuvil.errors import ArgumentError, ShapeError
 from cuvil.ir.checks import insert_checks
 from cuvil.ir.expr import IterVar, Var
+from cuvil.ir.guards import bound_guarded_loops
 from cuvil.ir.simplify import simplify
 from cuvil.ir.stmt import Allocate, Buffer, LoweredFunc
 from cuvil.ir.unroll import unroll_loops
@@ -136,6 +137,7 @@ def lower(s: Schedule, args: Sequence[Any], name: str = "main", bounds_checks: b
         if id(st) not in placed:
             body = Allocate(buffer_of(st), body)
     func = LoweredFunc(name, params, body, size_vars, tuple(buffer_of(st) for st in plan.outputs))
+    func = bound_guarded_loops(func)  # guards read from memory (an embedding bag's offsets) -> loop bounds
     return insert_checks(unroll_loops(simplify(version_tails(simplify(func)))), entry, bounds_checks)
 
 

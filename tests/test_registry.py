@@ -44,12 +44,6 @@ from cuvil.errors import CuvilError, UnsupportedOpError  # noqa: E402
 XFAIL: dict[tuple[str, str, str], tuple[type[BaseException], str]] = {
     ("lstm", "*", "dynamic"): (UnsupportedOpError, "LSTM node ...: cannot unroll it: the shapes of X, W and R "
                                                    "must be static (the steps are unrolled at compile time)"),
-    # nn.EmbeddingBag(mode="sum") with offsets: both exporters write a Loop over the bags (dynamo: with
-    # SequenceEmpty / ConcatFromSequence), which cuvil refuses (issue 29)
-    **{("dlrm", exporter, kind): (UnsupportedOpError, f"the model uses {ops} cuvil does not support at opset {opset}")
-       for exporter, ops, opset in (("dynamo", "ConcatFromSequence, Loop, SequenceEmpty", 18),
-                                    ("torchscript", "Loop", 17))
-       for kind in ("static", "full")},
 }
 
 # models also exported with dynamic axes (batch; and sequence for text; past length for the decode step) and

@@ -83,7 +83,7 @@ def _attrs(node: Any, where: str) -> dict[str, Any]:
         if a.type == onnx.AttributeProto.TENSOR:
             out[a.name] = tensor_array(a.t, f"{where}: attribute {a.name!r}")
         elif a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-            out[a.name] = a  # sub-graphs: no supported op takes one
+            out[a.name] = a  # sub-graphs: a Loop's body, read by cuvil.graph.loops
         else:
             v = onnx.helper.get_attribute_value(a)
             out[a.name] = v.decode() if isinstance(v, bytes) else v

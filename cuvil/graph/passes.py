@@ -6,6 +6,9 @@ them in order and can report the graph after each one (``cuvil compile --dump``)
     Conv(x, W)            -> y           Conv(x, W * s[f], b * s[f] + t[f]) -> z
     BatchNormalization(y) -> z     =>    (s = scale / sqrt(var + eps), t = bias - mean * s)
 
+- :func:`cuvil.graph.loops.embedding_bag_loops`: a ``Loop`` over the bags of an embedding bag (and the
+  sequence ops around it) becomes one ``CuvilEmbeddingBag`` node, one with a constant trip count is
+  unrolled; any other ``Loop`` is refused by name.
 - :func:`remove_identities`: ``Identity`` and inference-mode ``Dropout`` become renames.
 - :func:`cuvil.graph.qdq.match_qdq`: onnxruntime's QDQ patterns (DQ -> Conv/Gemm/MatMul -> Q, Q/DQ
   around element-wise and data-movement ops) become integer contractions and QLinear operators.
@@ -34,6 +37,7 @@ import numpy as np
 from cuvil.errors import ArgumentError
 from cuvil.graph.expand_rnn import expand_rnn
 from cuvil.graph.ir import Graph, Node
+from cuvil.graph.loops import embedding_bag_loops
 from cuvil.graph.qdq import match_qdq
 
 Pass = Callable[[Graph], Graph]
@@ -443,6 +447,7 @@ def channels_last(g: Graph) -> Graph:
 
 PASSES: tuple[tuple[str, Pass], ...] = (
     ("constants as initializers", constants_as_initializers),
+    ("embedding-bag loops", embedding_bag_loops),
     ("expand recurrent nodes", expand_rnn),
     ("remove identities", remove_identities),
     ("quantized operators", match_qdq),

@@ -65,6 +65,7 @@ def _load_families() -> None:
         arith,
         attention,
         bitwise,
+        control,
         convt,
         einsum,
         index,
