@@ -474,6 +474,12 @@ def _where_neg_zero(op, attrs, ins, ref, got, index) -> bool:
     return bool(got == 0 and ref == 0 and np.signbit(got) and not np.signbit(ref))
 
 
+def _zero_sign_order(op, attrs, ins, ref, got, index) -> bool:
+    x = np.asarray(ins[0], np.float32)
+    both = bool(((x == 0) & np.signbit(x)).any() and ((x == 0) & ~np.signbit(x)).any())
+    return bool(got == 0 and ref == 0 and np.signbit(got) != np.signbit(ref) and both)
+
+
 def _clip_absent_bound(op, attrs, ins, ref, got, index) -> bool:
     x = np.broadcast_to(ins[0], np.shape(ins[0]))[index] if np.ndim(ins[0]) else ins[0]
     return bool(np.isinf(x) and np.isinf(got) and abs(float(ref)) == FLT_MAX and np.sign(ref) == np.sign(got))
@@ -517,6 +523,18 @@ DOCUMENTED: list[Difference] = [
     Difference("ReduceMin", "NaN, not first", "[1.0, nan]", "[nan, nan]",
                "as ReduceMax", ("ReduceMin", {"axes": [1], "keepdims": 0}, ([[1.0, 2.0, np.nan], [np.nan, 1.0, 2.0]],)),
                _reduce_nan),
+    Difference("ReduceMin", "+0.0 and -0.0", "[-0.0, -0.0]", "[-0.0, 0.0]",
+               "found by this campaign (2026-12-05): IEEE 754 leaves min(+0, -0) to the implementation; "
+               "onnxruntime's and cuvil's vectorised reductions meet the zeros in different orders, so which "
+               "zero a row of both gives differs (the value does not)",
+               ("ReduceMin", {"axes": [1], "keepdims": 0},
+                ([[-0.0, 0.0, -0.0, 1.0, -0.0, 1.0, -0.0, 1.0, 0.0, -0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0],
+                  [0.0, -0.0, -0.0, -0.0, -0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, -0.0, -0.0, 0.0, 1.0, 1.0]],)),
+               _zero_sign_order),
+    Difference("ReduceMax", "+0.0 and -0.0", "[-0.0]", "[0.0]", "as ReduceMin",
+               ("ReduceMax", {"axes": [1], "keepdims": 0},
+                ([[-1.0, -1.0, -1.0, 0.0, -0.0, -1.0, -0.0, 0.0, -0.0, 0.0, 0.0, -1.0, -1.0, -1.0, -1.0, -1.0, 0.0]],)),
+               _zero_sign_order),
     Difference("ReduceMean", "zero-size axis", "[0.0]", "[nan]",
                "the ONNX spec leaves a reduction over an empty set undefined; cuvil's mean is 0/0 = NaN "
                "(numpy's), onnxruntime's 0",
