@@ -172,8 +172,11 @@ class InferenceSession:
         num_threads, opts = self._options(num_threads, sess_options, options, target=target, tuning_db=tuning_db,
                                           bounds_checks=bounds_checks, precision=precision)
         # the image of a session of this file compiled before (cuvil/graph/images.py): no import, no compile
-        key = images.image_key(path_or_bytes, (opts.key(), opts.passes, opts.fuse)) if opts.tuning_db is None \
-            else None
+        from cuvil.graph.passes import PASSES
+
+        # (the passes that run: those named, else every pass of the table as it is now)
+        passes = opts.passes if opts.passes is not None else tuple(name for name, _ in PASSES)
+        key = images.image_key(path_or_bytes, (opts.key(), passes, opts.fuse)) if opts.tuning_db is None else None
         state = images.load(key)
         if state is not None:
             self._meta = state["meta"]

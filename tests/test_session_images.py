@@ -92,3 +92,12 @@ def test_only_the_most_recently_used_images_are_kept(model_file, monkeypatch, tm
     folder = tmp_path / "cache" / "images"
     assert sorted(p.name for p in folder.iterdir()) == [f"{k:064x}.img" for k in (2, 3)]
     assert images.load(f"{3:064x}.img") == {"k": 3} and images.load(f"{0:064x}.img") is None
+
+
+def test_a_changed_pass_table_misses_the_image(model_file, imports, monkeypatch) -> None:
+    from cuvil.graph import passes
+
+    InferenceSession(str(model_file))
+    monkeypatch.setattr(passes, "PASSES", tuple(p for p in passes.PASSES if p[0] != "common subexpressions"))
+    _check(InferenceSession(str(model_file)), model_file)
+    assert len(imports) == 2
