@@ -105,13 +105,7 @@ def _needs(family: str) -> list:
 # registry models the backend cannot compile yet (strict; dynamo raises BackendCompilerFailed) -> what the
 # UnsupportedOpError inside it says; a fix shows up as XPASS, and its entry is taken out
 XFAIL = {
-    "tcn": "aten::linalg_vector_norm.default has no translation (weight_norm's parametrization recomputes "
-           "g * v / ||v|| on every call)",
-    "gcn": "aten::scatter_add.default has no translation (the message passing and the degree count)",
-    "fpn": "aten::native_group_norm.default has no translation (GroupNorm in the semantic branch)",
     "dlrm": "aten::_embedding_bag.default has no translation (nn.EmbeddingBag)",
-    "wav2vec2-base": "aten::linalg_vector_norm.default and aten::native_group_norm.default have no translation (the "
-                     "weight-normalised positional conv, the feature encoder's GroupNorm)",
 }
 
 

@@ -61,16 +61,7 @@ def assert_matches(got, ref, atol: float = ATOL) -> None:
 # registry models cuvil.torch.compile cannot compile yet -> (the exception raised today, what it says); strict: a
 # fix shows up as XPASS, and its entry is taken out
 XFAIL: dict[str, tuple[type[BaseException], str]] = {
-    "tcn": (UnsupportedOpError, "aten::linalg_vector_norm.default has no translation (weight_norm's parametrization "
-                                "recomputes g * v / ||v|| on every call)"),
-    "gcn": (UnsupportedOpError, "aten::scatter_add.default has no translation (the message passing and the degree "
-                                "count)"),
-    "fpn": (UnsupportedOpError, "aten::native_group_norm.default has no translation (GroupNorm in the semantic "
-                                "branch)"),
     "dlrm": (UnsupportedOpError, "aten::_embedding_bag.default has no translation (nn.EmbeddingBag)"),
-    "wav2vec2-base": (UnsupportedOpError, "aten::linalg_vector_norm.default and aten::native_group_norm.default "
-                                          "have no translation (the weight-normalised positional conv, the "
-                                          "feature encoder's GroupNorm)"),
 }
 
 

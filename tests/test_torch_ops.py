@@ -364,6 +364,18 @@ case("norms", _Norms().eval(), (rand(2, 3, 4, 5), rand(2, 5, 6)),
      "layer_norm.default _native_batch_norm_legit_no_training.default _native_batch_norm_legit.no_stats "
      "_operator.getitem", rtol=SUM_RTOL, atol=SUM_ATOL)
 
+
+def _vector_norms_and_group_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple:
+    v = x[0, :, :, 0]
+    return (torch.linalg.vector_norm(v), torch.linalg.vector_norm(v, 1, dim=1), torch.linalg.vector_norm(v, 3, dim=(0,),
+            keepdim=True), torch.linalg.vector_norm(v, float("inf"), dim=-1), torch.linalg.vector_norm(v, -float("inf")),
+            torch.linalg.vector_norm(torch.relu(v), 0, dim=1), F.group_norm(x, 2, w, b), F.group_norm(x, 4, eps=1e-3),
+            F.group_norm(x[:, :, 0], 1, w, b))
+
+
+case("vector_and_group_norms", _vector_norms_and_group_norm, (rand(2, 4, 5, 3), rand(4), rand(4)),
+     "linalg_vector_norm.default native_group_norm.default", rtol=SUM_RTOL, atol=SUM_ATOL)
+
 # contractions (SUM_RTOL: dot products of up to 7 terms, reassociated in register tiles)
 
 
@@ -526,6 +538,24 @@ case("indexing", _Indexing().eval(),
      (rand(4, 5, 6), torch.tensor([3, 0, 3, 1]), torch.tensor([-1, 0, -4]), torch.tensor([[1, 4, 2], [0, -2, 3]]),
       ints(4, 3, 6, lo=0, hi=5, dtype=torch.int64), ints(2, 3, lo=0, hi=10, dtype=torch.int64), rand(10, 3)),
      "index_select.default gather.default index.Tensor embedding.default")
+
+
+def _scatters(x: torch.Tensor, i: torch.Tensor, s: torch.Tensor, r: torch.Tensor) -> tuple:
+    return (x.scatter_add(0, r, s[:4]), x.scatter_add(1, i, s), x.scatter(1, i, s), x.scatter(1, i, 2.5),
+            x.scatter(1, i, s, reduce="add"), x.scatter(1, i, 2.0, reduce="multiply"),
+            x.scatter_reduce(0, r, s[:4], "sum"), x.scatter_reduce(0, r, s[:4], "amax", include_self=False),
+            x.scatter_reduce(1, i, s, "prod"), x.scatter_reduce(1, i, s, "amin", include_self=False),
+            x.index_put((r[:, 0],), s[:4, :3], accumulate=True), x.index_put((r[:, 0], r[:, 1] % 3), s[:4, 0]))
+
+
+# updates at duplicate positions add in order (torch's CPU kernels too); SUM tolerance for the sums
+case("scatters", _scatters,
+     (rand(5, 3), ints(5, 2, lo=0, hi=3, dtype=torch.int64), rand(5, 3), ints(4, 3, lo=0, hi=5, dtype=torch.int64)),
+     "scatter_add.default scatter.src scatter.value scatter.reduce scatter.value_reduce scatter_reduce.two "
+     "index_put.default", rtol=SUM_RTOL, atol=SUM_ATOL)
+case("index_add", lambda x, i, s: (x.index_add(0, i, s), x.index_add(1, i[:2], s[:2].T, alpha=-0.5)),
+     (rand(5, 5), torch.tensor([4, 0, 4, 2, 1, 0, 3]), rand(7, 5)), "index_add.default", keep="index_add.default",
+     rtol=SUM_RTOL, atol=SUM_ATOL)
 
 # creating tensors
 

@@ -377,6 +377,32 @@ aten("amin.default")(_reduce("ReduceMin"))
 aten("prod.dim_int")(_reduce("ReduceProd"))
 
 
+@aten("linalg_vector_norm.default")
+def _vector_norm(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    """``||x||_p`` over ``dim`` (all dimensions when None): ``(sum |x|^p)^(1/p)``; p = 2 and 1 are
+    ReduceL2 / ReduceL1, +-inf the max / min of ``|x|``, 0 the count of non-zero elements."""
+    dt = _dt(n)
+    rank = _rank(n.args[0])
+    p = args[1] if len(args) > 1 else kw.get("ord", 2)
+    dims = args[2] if len(args) > 2 else kw.get("dim")
+    keep = int(bool(args[3] if len(args) > 3 else kw.get("keepdim", False)))
+    dims = list(range(rank)) if dims is None else [dims] if isinstance(dims, int) else list(dims)
+    axes = b.const([_axis(d, rank) for d in dims] or list(range(rank)), "int64")
+    x = b.tensor(args[0], dt)  # (the ``dtype`` keyword: the result's dtype, which the input is cast to)
+    p = float(p)
+    if p == 2.0:
+        return b.one("ReduceL2", [x, axes], dt, keepdims=keep)
+    if p == 1.0:
+        return b.one("ReduceL1", [x, axes], dt, keepdims=keep)
+    if math.isinf(p):
+        return b.one("ReduceMax" if p > 0 else "ReduceMin", [b.one("Abs", [x], dt), axes], dt, keepdims=keep)
+    if p == 0.0:
+        nonzero = b.cast(b.one("Not", [b.one("Equal", [x, b.const(0, dt)], "bool")], "bool"), dt)
+        return b.one("ReduceSum", [nonzero, axes], dt, keepdims=keep)
+    powered = b.one("Pow", [b.one("Abs", [x], dt), b.const(p, dt)], dt)
+    return b.one("Pow", [b.one("ReduceSum", [powered, axes], dt, keepdims=keep), b.const(1.0 / p, dt)], dt)
+
+
 @aten("any.dim", "any.dims", "any.default")
 def _any(b: Builder, n: Any, args: tuple, kw: dict) -> str:
     """Whether any element along ``dim`` is non-zero: a max of the values as 0 / 1 (``all`` decomposes
@@ -455,6 +481,30 @@ def _batch_norm_no_stats(b: Builder, n: Any, args: tuple, kw: dict) -> tuple:
     d = b.one("Sub", [x, b.one("ReduceMean", [x, axes], dt, keepdims=1)], dt)
     var = b.one("ReduceMean", [b.one("Mul", [d, d], dt), axes], dt, keepdims=1)
     out = b.one("Div", [d, b.one("Sqrt", [b.one("Add", [var, b.const(eps, dt)], dt)], dt)], dt)
+    per_channel = b.const([-1] + [1] * (rank - 2), "int64")
+    if w is not None:
+        out = b.one("Mul", [out, b.one("Reshape", [b.tensor(w, dt), per_channel], dt)], dt)
+    if bias is not None:
+        out = b.one("Add", [out, b.one("Reshape", [b.tensor(bias, dt), per_channel], dt)], dt)
+    return (out, None, None)
+
+
+@aten("native_group_norm.default")
+def _group_norm(b: Builder, n: Any, args: tuple, kw: dict) -> tuple:
+    """``GroupNorm``: x (N, C, ...) seen as (N, groups, rest), each row normalised by its mean and biased
+    variance, ``(x - mean) / sqrt(var + eps)``, reshaped back, then ``* w + bias`` per channel
+    (dimension 1).  Of the three results (the mean and reciprocal standard deviation are for the
+    backward pass) only the first is computed."""
+    dt = _dt(n)
+    x, w, bias = b.tensor(args[0], dt), args[1], args[2]
+    groups, eps = int(args[6]), float(args[7])
+    rank = _rank(n.args[0])
+    rows = b.one("Reshape", [x, b.const([0, groups, -1], "int64")], dt)
+    axes = b.const([2], "int64")
+    d = b.one("Sub", [rows, b.one("ReduceMean", [rows, axes], dt, keepdims=1)], dt)
+    var = b.one("ReduceMean", [b.one("Mul", [d, d], dt), axes], dt, keepdims=1)
+    normed = b.one("Div", [d, b.one("Sqrt", [b.one("Add", [var, b.const(eps, dt)], dt)], dt)], dt)
+    out = b.one("Reshape", [normed, b.one("Shape", [x], "int64")], dt)
     per_channel = b.const([-1] + [1] * (rank - 2), "int64")
     if w is not None:
         out = b.one("Mul", [out, b.one("Reshape", [b.tensor(w, dt), per_channel], dt)], dt)

@@ -136,6 +136,118 @@ def _gather(b: Builder, n: Any, args: tuple, kw: dict) -> str:
                  axis=_axis(args[1], _rank(n.args[0])))
 
 
+def _scatter(b: Builder, n: Any, x: Any, dim: int, index: Any, src: Any, reduction: str) -> str:
+    """``ScatterElements(x, index, src)`` along ``dim``: torch reads ``src`` only where ``index`` has
+    elements (``src`` may be larger in any dimension: its leading corner is sliced off); a number as
+    ``src`` is a constant of the index's shape."""
+    dt = _dt(n)
+    rank = _rank(n.args[0])
+    dim = _axis(dim, rank)
+    idx = b.tensor(index, "int64")
+    ishape = _shape(n.args[2])
+    if isinstance(src, (bool, int, float)):
+        src = b.one("Expand", [b.const(src, dt), b.one("Shape", [idx], "int64")], dt)
+    else:
+        src = b.tensor(src, dt)
+        if _shape(n.args[3]) != ishape:
+            src = b.one("Slice", [src, b.const([0] * rank, "int64"), b.one("Shape", [idx], "int64"),
+                                  b.const(list(range(rank)), "int64")], dt)
+    return b.one("ScatterElements", [b.tensor(x, dt), idx, src], dt, axis=dim, reduction=reduction)
+
+
+_SCATTER_REDUCE = {"sum": "add", "add": "add", "prod": "mul", "multiply": "mul", "amax": "max", "amin": "min"}
+
+
+@aten("scatter_add.default")
+def _scatter_add(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    return _scatter(b, n, args[0], args[1], args[2], args[3], "add")
+
+
+@aten("scatter.src", "scatter.value", "scatter.reduce", "scatter.value_reduce")
+def _scatter_op(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    """``x.scatter(dim, index, src)`` (``reduce="add" | "multiply"`` accumulates)."""
+    reduce = args[4] if len(args) > 4 else kw.get("reduce")
+    return _scatter(b, n, args[0], args[1], args[2], args[3], _SCATTER_REDUCE[reduce] if reduce else "none")
+
+
+@aten("scatter_reduce.two")
+def _scatter_reduce(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    """``x.scatter_reduce(dim, index, src, reduce, include_self)`` for sum, prod, amax and amin.  Without
+    ``include_self`` the positions that receive an update first take the reduction's identity (0, 1,
+    -inf, +inf), then every update combines with it in order."""
+    reduce = args[4]
+    include_self = args[5] if len(args) > 5 else kw.get("include_self", True)
+    if reduce not in _SCATTER_REDUCE:
+        raise UnsupportedOpError(f"scatter_reduce with reduce={reduce!r} (sum, prod, amax and amin are translated)")
+    x = args[0]
+    if not include_self:
+        dt = _dt(n)
+        big = float("inf") if dt.startswith("float") else np.iinfo(dt).max if dt != "bool" else 1
+        identity = {"sum": 0, "prod": 1, "amax": -big, "amin": big}[reduce]
+        identity = float(identity) if dt.startswith("float") else int(identity)
+        x = _scatter(b, n, x, args[1], args[2], identity, "none")
+    return _scatter(b, n, x, args[1], args[2], args[3], _SCATTER_REDUCE[reduce])
+
+
+@aten("index_add.default")
+def _index_add(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    """``x.index_add(dim, index, source, alpha=a)``: ``x[..., index[i], ...] += a * source[..., i, ...]``,
+    a ScatterElements whose indices are ``index`` along ``dim`` expanded to the source's shape."""
+    dt = _dt(n)
+    x, dim, index, source = args[:4]
+    alpha = args[4] if len(args) > 4 else kw.get("alpha", 1)
+    rank = _rank(n.args[0])
+    dim = _axis(dim, rank)
+    src = b.tensor(source, dt)
+    if alpha != 1:
+        src = b.one("Mul", [src, b.tensor(alpha, dt)], dt)
+    if rank == 0:
+        return b.one("Add", [b.tensor(x, dt), src], dt)
+    col = [1] * rank
+    col[dim] = -1
+    idx = b.one("Reshape", [b.tensor(index, "int64"), b.const(col, "int64")], "int64")
+    idx = b.one("Expand", [idx, b.one("Shape", [src], "int64")], "int64")
+    return b.one("ScatterElements", [b.tensor(x, dt), idx, src], dt, axis=dim, reduction="add")
+
+
+@aten("index_put.default")
+def _index_put(b: Builder, n: Any, args: tuple, kw: dict) -> str:
+    """``x[..., i0, i1, ...] = v`` (``+=`` with ``accumulate``, what ``index_add`` decomposes to) with index
+    tensors on adjacent dimensions (``None`` for a whole one): a ScatterND whose indices are the index
+    tensors broadcast to one shape and stacked, on ``x`` with the indexed dimensions moved to the front,
+    its updates ``v`` broadcast to the shape ``x[..., i0, i1, ...]`` has, moved the same way."""
+    x, indices, values = args[0], list(args[1]), args[2]
+    accumulate = bool(args[3] if len(args) > 3 else kw.get("accumulate", False))
+    dt = _dt(n)
+    rank = _rank(n.args[0])
+    at = [k for k, i in enumerate(indices) if i is not None]
+    if not at or at != list(range(at[0], at[-1] + 1)):
+        raise UnsupportedOpError("index_put with index tensors on dimensions that are not adjacent")
+    if any(node_meta(n.args[1][k]).dtype.is_floating_point or str(node_meta(n.args[1][k]).dtype) == "torch.bool"
+           for k in at):
+        raise UnsupportedOpError("index_put with boolean or floating index tensors (masks)")
+    bshape = _broadcast([_shape(n.args[1][k]) for k in at])
+    if not _static(bshape):
+        raise UnsupportedOpError("index_put with index tensors of symbolic sizes")
+    xs = _shape(n.args[0])
+    first, nb = at[0], len(bshape)
+    idx = [b.one("Unsqueeze", [b.one("Expand", [b.tensor(indices[k], "int64"), b.ints(bshape)], "int64"),
+                               b.const([-1], "int64")], "int64") for k in at]
+    stacked = idx[0] if len(idx) == 1 else b.one("Concat", idx, "int64", axis=-1)
+    picked = list(xs[:first]) + list(bshape) + list(xs[at[-1] + 1:])  # the shape of x[..., i0, i1, ...]
+    upd = b.one("Expand", [b.tensor(values, dt), b.ints(picked)], dt)
+    data = b.tensor(x, dt)
+    if first:  # the indexed dimensions (of x, and the index block of the updates) first
+        data = b.one("Transpose", [data], dt, perm=at + [d for d in range(rank) if d not in at])
+        upd = b.one("Transpose", [upd], dt, perm=list(range(first, first + nb)) + list(range(first))
+                    + list(range(first + nb, len(picked))))
+    out = b.one("ScatterND", [data, stacked, upd], dt, reduction="add" if accumulate else "none")
+    if first:
+        order = at + [d for d in range(rank) if d not in at]
+        out = b.one("Transpose", [out], dt, perm=[order.index(d) for d in range(rank)])
+    return out
+
+
 @aten("index.Tensor")
 def _index(b: Builder, n: Any, args: tuple, kw: dict) -> str:
     """``x[i0, i1, ...]`` with index tensors on adjacent dimensions (``None`` for a whole dimension): one

@@ -258,8 +258,9 @@ class AutoScheduler(PlainStrategies):
     def choose(self, op: ComputeOp, pick: int | None = None) -> Contraction | None:
         """The contraction pair of ``op`` to tile: the one with most work per load when it needs no copy
         (an operand already stored in panels: a model's constant filters); otherwise the first unpacked one
-        unless packing an operand gives a tile with clearly more work per load (conv2d on small images:
-        vectorise over the filters);
+        unless packing an operand gives a tile with clearly more work per load, the packing copy's accesses
+        counted (:meth:`_copy_share`; conv2d on small images: vectorise over the filters; not a matmul whose
+        N is one vector: its rows stay broadcasts of a tile one vector wide);
         ``pick`` (a knob) chooses by position in :meth:`candidates` instead."""
         cands = self.candidates(op)
         if not cands:
@@ -273,11 +274,37 @@ class AutoScheduler(PlainStrategies):
         if best.pack_dim is None or best.panel is not None:
             return best  # no copy to pay for (an operand already in panels: constant filters of a model)
         first = cands[0]
+        if first.pack_dim is not None:
+            return best
         gain = self.heuristics.pack_gain
-        if first.pack_dim is None and (const_int(first.i.extent) == 1  # one row: every panel is read once
-                                       or self._intensity(first, op) * gain >= self._intensity(best, op)):
+        i_first, i_best = self._intensity(first, op), self._intensity(best, op)
+        if const_int(first.i.extent) == 1 or i_first * gain >= i_best:  # (one row: every panel is read once)
+            return first
+        # the copy's accesses counted: the unpacked tile wins unless its rows end in a masked vector (then
+        # its accumulators live on the stack, and the copy's rows in lanes pay: 2708 x 768 x 7 on AVX2,
+        # 7.3 ms unpacked, 1.3 ms packed)
+        _, nr = self._tile_sizes(first, op.dtype, op)
+        keeps_registers = not _masked_row(min(nr, const_int(first.j.extent) or nr))
+        if keeps_registers and gain * (1 / i_best + self._copy_share(best, op)) >= 1 / i_first:
             return first
         return best
+
+    def _copy_share(self, c: Contraction, op: ComputeOp) -> float:
+        """The register accesses the copy that packs ``c``'s vector operand costs per vector multiply-add of
+        the contraction (to add to ``1 / _intensity``: accesses per multiply-add of the tile itself).
+
+        The copy transposes (the operand's dimension indexed by ``j`` is not its last, or it would need no
+        packing): one load and one store per element, element by element.  Each element serves
+        ``work / size`` multiply-adds, ``work / size / lanes`` vector ones, so the share is ``2 * size *
+        lanes / work``: small where the packed operand is reused across a long output axis (a convolution's
+        filters over its pixels), large where the axis it is reused along is one vector or two (a matmul
+        with N = 16 columns: the transposed copy of the 2708 x 1433 rows, 2 accesses per vector multiply-add
+        against the 1.1 of a tile of 8 rows x 1 vector that reads those rows as broadcasts, unpacked).  A
+        copy's access (a strided load, out of cache for a big operand) costs at least a tile's (an L1 hit):
+        counted as equal, packing is still chosen only where it pays."""
+        size = math.prod(const_int(d) or 1 for d in c.vector.tensor.shape)
+        work = math.prod(const_int(a.extent) or 1 for a in (*op.axis, *op.reduce_axis))
+        return 2 * size * self.lanes(op.dtype) / max(1, work)
 
     def _wide_rows(self, op: ComputeOp, best: Contraction, cands: list[Contraction]) -> Contraction | None:
         """The candidate with filters in panels when the best one puts a window's (several reduction loops)
@@ -440,6 +467,19 @@ class AutoScheduler(PlainStrategies):
         k = math.prod(const_int(r.extent) or 1 << 20 for r in op.reduce_axis)
         lines = -(-nr * _dtype_bytes(c.vector.tensor.dtype) // 64) * 64
         return k * lines <= self.target.l1_size // 3
+
+
+def _masked_row(cols: int) -> bool:
+    """Whether a vectorised row of ``cols`` elements (a register tile's columns, at most a few registers)
+    ends in a masked vector in the code generator (:meth:`cuvil.codegen.llvm_vector.VectorLoops.vector_loop`:
+    after the largest power of two of lanes, a rest of 3 or more lanes that is not a power of two is one
+    masked vector: 7 = 4 + masked 3, 13 = 8 + masked 5; 5 = 4 + 1 and 6 = 4 + 2 are not).  A register tile
+    with such rows keeps its accumulators on the stack (LLVM does not promote memory that masked stores
+    write): each multiply-add loads its accumulator right after a masked store to it, which store
+    forwarding does not serve (2708 x 768 x 7 with an 8 x 7 tile: 2.2 GFLOP/s, 9.4 with rows in lanes)."""
+    rest = cols - (1 << (cols.bit_length() - 1)) if cols > 0 else 0
+    return rest >= 3 and bool(rest & (rest - 1))
+
 
 def auto_schedule(args: Sequence[Any], target: Any = "llvm",
                   knobs: Mapping[str, Mapping[str, Any]] | None = None,
