@@ -249,3 +249,75 @@ def test_dense_3x3_convs_after_channels_last_values_read_them_back_in_nchw():
     model = _model(nodes, [("x", [1, 3, 10, 10])], ["y"], inits)
     _check(model, {"x": rng.standard_normal((1, 3, 10, 10)).astype(np.float32)},
            ["CuvilConvNHWC", "CuvilConvNHWC", "Transpose", "Conv", "Relu"])
+
+
+def _mix_ffn(c, hw, extra_nodes=(), outputs=("y",)):
+    """SegFormer's Mix-FFN as the exporters write it: tokens -> MatMul -> Transpose(0, 2, 1) -> Reshape to
+    an image -> depthwise 3x3 -> Reshape to (N, C, HW) -> Transpose(0, 2, 1) -> GELU (Erf) -> MatMul."""
+    from onnx import TensorProto, numpy_helper
+
+    L = hw[0] * hw[1]
+    f32 = {"W1": rng.standard_normal((4, c)) * 0.3, "B1": rng.standard_normal(c), "Wd": rng.standard_normal((c, 1, 3, 3)),
+           "Bd": rng.standard_normal(c), "W2": rng.standard_normal((c, 4)) * 0.3, "sq": np.array(1.4142135),
+           "one": np.array(1.0), "half": np.array(0.5)}
+    i64 = {"s4": np.array([1, c, *hw]), "s3": np.array([1, c, L])}
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["m1"]), helper.make_node("Add", ["m1", "B1"], ["a1"]),
+        helper.make_node("Transpose", ["a1"], ["t1"], perm=[0, 2, 1]), helper.make_node("Reshape", ["t1", "s4"], ["g"]),
+        helper.make_node("Conv", ["g", "Wd", "Bd"], ["d"], group=c, pads=[1, 1, 1, 1]),
+        helper.make_node("Reshape", ["d", "s3"], ["f"]), helper.make_node("Transpose", ["f"], ["t2"], perm=[0, 2, 1]),
+        helper.make_node("Div", ["t2", "sq"], ["e0"]), helper.make_node("Erf", ["e0"], ["e1"]),
+        helper.make_node("Add", ["e1", "one"], ["e2"]), helper.make_node("Mul", ["half", "e2"], ["e3"]),
+        helper.make_node("Mul", ["t2", "e3"], ["gl"]), helper.make_node("MatMul", ["gl", "W2"], ["y"]),
+        *extra_nodes]
+    inits = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in f32.items()]
+    inits += [numpy_helper.from_array(np.asarray(v, np.int64), k) for k, v in i64.items()]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, L, 4])],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("hw", [(6, 5), (16, 16)])
+def test_a_token_grid_is_the_channels_last_image_of_its_tokens(hw):
+    """SegFormer's Mix-FFN: the image the depthwise convolution reads is the tokens' buffer seen as NHWC, and
+    its output seen as tokens again is that convolution's NHWC buffer: no transpose is left (the depthwise
+    3x3 over 128 channels at 128x128 read the NCHW image with a gather per tap and vector: 27 ms, 0.7
+    GMAC/s)."""
+    c = 24
+    model = _mix_ffn(c, hw)
+    feeds = {"x": rng.standard_normal((1, hw[0] * hw[1], 4)).astype(np.float32)}
+    _check(model, feeds, ["MatMul", "Add", "Reshape", "CuvilConvNHWC", "Reshape", "Div", "Erf", "Add", "Mul", "Mul",
+                          "MatMul"])
+
+
+def test_a_token_grid_that_an_nchw_reader_needs_is_written_as_the_model_writes_it():
+    """The same grid also read by a node that takes NCHW only (a MaxPool): the model's Transpose and Reshape
+    are written for it, the depthwise convolution still reads the tokens' buffer."""
+    model = _mix_ffn(16, (5, 7), [helper.make_node("MaxPool", ["g"], ["p"], kernel_shape=[2, 2])], ("y", "p"))
+    feeds = {"x": rng.standard_normal((1, 35, 4)).astype(np.float32)}
+    _check(model, feeds, ["MatMul", "Add", "Reshape", "CuvilConvNHWC", "Reshape", "Div", "Erf", "Add", "Mul", "Mul",
+                          "MatMul", "Transpose", "Reshape", "MaxPool"])
+
+
+@pytest.mark.parametrize("pad", [0, 1, 2])
+def test_a_channels_last_depthwise_conv_reading_nchw_reads_a_transposed_copy(pad):
+    """A depthwise convolution whose input stays NCHW (here the output of a Resize, which only takes NCHW)
+    reads an NHWC copy made once (a blocked transpose, padded), not the NCHW image a gather per tap."""
+    c = 32
+    from onnx import TensorProto, numpy_helper
+
+    inits = [numpy_helper.from_array(rng.standard_normal((c, 1, 3, 3)).astype(np.float32), "Wd"),
+             numpy_helper.from_array(rng.standard_normal((c, c, 1, 1)).astype(np.float32) * 0.2, "Wp"),
+             numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["r"], mode="nearest"),
+             helper.make_node("Conv", ["r", "Wd"], ["d"], group=c, pads=[pad] * 4),
+             helper.make_node("Conv", ["d", "Wp"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 9, 11])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal((1, c, 9, 11)).astype(np.float32)}
+    _check(model, feeds, ["Resize", "CuvilConvNHWC", "Transpose", "Conv"])
+    prog = compile_graph(optimize(import_model(model)), {"x": (1, c, 9, 11)}, {}, "llvm")
+    [dw] = [str(f) for f in prog.kernel_funcs if "dw_pad" in str(f)]
+    taps = [ln for ln in dw.splitlines() if ln.strip().startswith(("out[", "conv_dw["))]
+    assert taps and all("dw_pad[" in ln and "in0" not in ln for ln in taps), dw  # the taps read the NHWC copy

@@ -27,7 +27,7 @@ def test_zen4_with_avx512_gets_the_values_measured_there():
         parallel_min_work=1 << 20, matvec_min_work=1 << 18, big_tile_rows=512, tall_tile_rows=14, wide_row=192,
         pack_gain=1.25, default_ku=2, window_ku=8, stencil_taps=4, row_chains=4, selector_extent=4, dw_chains=4,
         depthwise_taps=25, small_image_pixels=256, winograd_min_channels=128, winograd_min_tiles=49,
-        winograd_max_tiles=1024, flat_words=128)
+        winograd_max_tiles=1024, flat_words=128, region_rows=8)
 
 
 def test_avx2_halves_the_parallel_threshold():

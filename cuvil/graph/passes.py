@@ -345,6 +345,54 @@ def _int8_elementwise(n: Node, g: Graph, phys: dict[str, str]) -> bool:
     return True
 
 
+_Grids = dict[str, tuple[Node, Node, tuple[int, ...]]]
+_Tokens = dict[str, tuple[Node, tuple[int, ...]]]
+
+
+def _token_grids(g: Graph) -> tuple[_Grids, _Tokens]:
+    """A transformer's token grids, which are channels-last images already: ``Reshape(Transpose(t, [0, 2, 1]),
+    (N, C, H, W))`` of tokens ``t`` of shape ``(N, H * W, C)`` (the image a SegFormer Mix-FFN's depthwise
+    convolution reads) is ``t``'s buffer seen as ``(N, H, W, C)``, and ``Transpose(Reshape(y, (N, C, H * W)),
+    [0, 2, 1])`` of an image ``y`` (back to tokens) is ``y``'s NHWC buffer seen as ``(N, H * W, C)``.  Returns
+    {grid: (transpose, reshape, NHWC shape)} and {tokens: (the reshape it reads, token shape)}, each where
+    the intermediate value has that one reader and every shape is static."""
+    shapes = {v.name: v.shape for v in (*g.inputs, *g.outputs, *g.value_info.values())}
+    readers = _readers(g)
+    made = {o: n for n in g.nodes for o in n.outputs if o}
+
+    def static(x: str) -> tuple[int, ...] | None:
+        sh = shapes.get(x)
+        return tuple(sh) if sh is not None and all(isinstance(d, int) for d in sh) else None
+
+    def only_reader(x: str, n: Node) -> bool:
+        return x not in {v.name for v in g.outputs} and [r is n for r in readers.get(x, [])] == [True]
+
+    grids: _Grids = {}
+    tokens: _Tokens = {}
+    for n in g.nodes:
+        if n.domain or n.op_type not in ("Reshape", "Transpose") or len(n.outputs) != 1 or not n.inputs:
+            continue
+        prev = made.get(n.inputs[0])
+        if prev is None or prev.domain or len(prev.outputs) != 1 or not only_reader(prev.outputs[0], n):
+            continue
+        src, mid, dst = static(prev.inputs[0]), static(prev.outputs[0]), static(n.outputs[0])
+        if src is None or mid is None or dst is None:
+            continue
+        perm = [int(p) for p in prev.attrs.get("perm", [])] if prev.op_type == "Transpose" else None
+        if (n.op_type == "Reshape" and perm == [0, 2, 1] and len(src) == 3 and len(dst) == 4
+                and dst[:2] == (src[0], src[2]) and dst[2] * dst[3] == src[1]):
+            grids[n.outputs[0]] = (prev, n, (dst[0], dst[2], dst[3], dst[1]))
+        elif (n.op_type == "Transpose" and prev.op_type == "Reshape" and _perm3(n) == [0, 2, 1] and len(src) == 4
+              and mid == (src[0], src[1], src[2] * src[3])):
+            tokens[n.outputs[0]] = (prev, dst)
+    return grids, tokens
+
+
+def _perm3(n: Node) -> list[int] | None:
+    perm = n.attrs.get("perm")
+    return [int(p) for p in perm] if perm is not None and len(perm) == 3 else None
+
+
 def channels_last(g: Graph) -> Graph:
     """In a model with depthwise convolutions, 2-D convolutions (depthwise, or ``group`` 1 as
     :func:`_dense_nhwc` says; constant weights) compute channels-last: ``Conv`` -> ``CuvilConvNHWC``
@@ -371,7 +419,12 @@ def channels_last(g: Graph) -> Graph:
     outputs = {v.name for v in g.outputs}
     taken: dict[str, Any] = {**g.initializers, **{o: 0 for n in g.nodes for o in n.outputs}}
     phys: dict[str, str] = {}  # a value computed channels-last -> its buffer (NHWC shape)
-    deferred: dict[str, Node] = {}  # the model's transposes to NCHW, written when an NCHW reader needs them
+    deferred: dict[str, tuple[Node, ...]] = {}  # the model's transposes to NCHW, written when an NCHW reader needs them
+    grids, tokens = _token_grids(g) if floats else ({}, {})
+    inits = dict(g.initializers)
+    to_grid = {tr.outputs[0] for tr, _, _ in grids.values()}  # written only if an NCHW reader needs the grid
+    flats = {r.outputs[0] for r, _ in tokens.values()}
+    flattened: set[str] = set()  # an image's Reshape to (N, C, H * W) that its token Transpose reads as NHWC
     rename: dict[str, str] = {}  # a transpose to NHWC of a channels-last value -> that value's buffer
     back: dict[str, str] = {}
     bytes_: set[str] = set()  # the channels-last values of 8 bits
@@ -381,7 +434,7 @@ def channels_last(g: Graph) -> Graph:
         if x not in phys:
             return x
         if x in deferred:
-            nodes.append(deferred.pop(x))
+            nodes.extend(deferred.pop(x))
             back[x] = x
         if x not in back:
             back[x] = _fresh(taken, x + ".nchw")
@@ -428,7 +481,23 @@ def channels_last(g: Graph) -> Graph:
                                  inputs=tuple(buf(x) for x in n.inputs)))
         elif _perm(n) == [0, 3, 1, 2] and out not in outputs and n.inputs[0] not in phys:
             phys[out] = buf(n.inputs[0])
-            deferred[out] = replace(n, inputs=(phys[out],))
+            deferred[out] = (replace(n, inputs=(phys[out],)),)
+        elif out in to_grid and n.inputs[0] not in phys:
+            pass  # (deferred with the grid's Reshape, next)
+        elif out in grids and grids[out][0].inputs[0] not in phys:  # tokens seen as an NHWC image
+            tr, _, nhwc = grids[out]
+            view = _fresh(taken, out + ".nhwc")
+            taken[view] = 0
+            inits[view + ".shape"] = np.asarray(nhwc, np.int64)
+            nodes.append(Node("Reshape", view, (tr.inputs[0], view + ".shape"), (view,)))
+            phys[out] = view
+            deferred[out] = (tr, n)
+        elif out in flats and n.inputs[0] in phys and n.inputs[0] not in bytes_:
+            flattened.add(out)  # (its one reader, the token Transpose, reads the image's buffer instead)
+        elif out in tokens and n.inputs[0] in flattened:  # an NHWC image seen as tokens
+            r, shape = tokens[out]
+            inits[out + ".shape"] = np.asarray(shape, np.int64)
+            nodes.append(Node("Reshape", n.name, (phys[r.inputs[0]], out + ".shape"), (out,)))
         elif _perm(n) == [0, 2, 3, 1] and out not in outputs and n.inputs[0] in phys:
             rename[out] = phys[n.inputs[0]]
         elif (not n.domain and n.op_type in ELEMENTWISE and out not in outputs and len(n.outputs) == 1
@@ -442,7 +511,7 @@ def channels_last(g: Graph) -> Graph:
         else:
             ins = tuple(nchw(x) if x in phys else rename.get(x, x) for x in n.inputs)
             nodes.append(replace(n, inputs=ins) if ins != n.inputs else n)
-    return _with(g, nodes)
+    return _with(g, nodes, inits)
 
 
 PASSES: tuple[tuple[str, Pass], ...] = (

@@ -74,6 +74,15 @@ def _selector_axes(st: Stage, extent: int) -> list[IterVar]:
     return [a for a in op.axis if id(a) in found]
 
 
+def _shifted_axis(ix: Any) -> IterVar | None:
+    """``a`` when the index ``ix`` is the axis ``a``, ``a + c`` or ``a - c`` for a constant ``c``, else None."""
+    if isinstance(ix, IterVar):
+        return ix
+    if isinstance(ix, E.Binary) and ix.op in ("add", "sub") and isinstance(ix.a, IterVar) and isinstance(ix.b, E.Const):
+        return ix.a
+    return None
+
+
 def _readers(s: Schedule, st: Stage) -> list[Stage]:
     return [r for r in s.compute_stages if s.reads(r, st)]
 
@@ -482,8 +491,8 @@ class PlainStrategies:
         for n in walk(op.body):
             if not isinstance(n, TensorRead) or not n.indices:
                 continue
-            last = n.indices[-1]
-            if (isinstance(last, IterVar) and last is not inner and any(last is a for a in op.axis)
+            last = _shifted_axis(n.indices[-1])  # (a padded copy reads its source at x - pad)
+            if (last is not None and last is not inner and any(last is a for a in op.axis)
                     and any(ix is inner for ix in n.indices[:-1])):
                 ext = const_int(last.extent)
                 if ext is not None and ext * bytes_ >= 64:

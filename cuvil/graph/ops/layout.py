@@ -86,51 +86,34 @@ def conv_nhwc(ctx: NodeCtx) -> list:
             y = te.compute((n * h * w_, m), lambda q, f: y[q, f] + b[f], name="conv_bias")
         return [Shaped(y, (n, oh, ow, m))]
     X = ctx.tensor(0)
-
-    def read(n_: Any, y: Any, x: Any, c_: Any) -> Any:
-        return X[n_, c_, y, x] if nchw_in else X[n_, y, x, c_]
-
-    def tap(n_: Any, y: Any, x: Any, c_: Any, ky: int, kx: int) -> Any:
-        """The input under tap (ky, kx) of output pixel (y, x), zero in the padding (tested only for
-        the taps that can reach it; the test is the same for every channel: one branch per vector)."""
-        py, px = y * strides[0] + ky * dil[0] - begin[0], x * strides[1] + kx * dil[1] - begin[1]
-        conds = []
-        if ky * dil[0] < begin[0]:
-            conds.append(py >= 0)
-        if (oh - 1) * strides[0] + ky * dil[0] - begin[0] >= h:
-            conds.append(py < h)
-        if kx * dil[1] < begin[1]:
-            conds.append(px >= 0)
-        if (ow - 1) * strides[1] + kx * dil[1] - begin[1] >= w_:
-            conds.append(px < w_)
-        v = read(n_, py, px, c_)
-        return te.if_then_else(te.all(*conds), v, te.const(0, X.dtype)) if conds else v
-
     end = [max(0, (o - 1) * st + d * (k - 1) + 1 - bg - size)
            for o, st, d, k, bg, size in zip(out, strides, dil, (kh, kw), begin, (h, w_))]
-    # a depthwise first convolution reading the NCHW input (rare) tests the padding in its taps instead
-    copy = not (depthwise and nchw_in)
-    if copy and (any(begin) or any(end)):
+    # a depthwise convolution reading NCHW (SegFormer's Mix-FFN: a token grid seen as an image) reads it
+    # through an NHWC copy: its taps put channels in the vector lanes, which in NCHW lie H * W elements
+    # apart (one gather per tap and vector: 128 channels at 128x128, 3x3, 0.7 GMAC/s); the copy is one
+    # blocked transpose per call, each element then read kh * kw times by unit-stride vector loads
+    to_nhwc = depthwise and nchw_in
+    if any(begin) or any(end) or to_nhwc:
         # a padded copy, computed once per call: a dense convolution's reduction reads each element kh * kw
         # times, and so do a depthwise convolution's taps (the scheduler keeps it: plain loads, no test per tap)
         src = X
+        ph, pw = h + begin[0] + end[0], w_ + begin[1] + end[1]
 
         def pad_body(n_: Any, a: Any, bb: Any, cc: Any) -> Any:
-            y, x, ch = (bb, cc, a) if nchw_in else (a, bb, cc)
-            inside = te.all(y >= begin[0], y < h + begin[0], x >= begin[1], x < w_ + begin[1])
+            y, x, ch = (bb, cc, a) if nchw_in and not to_nhwc else (a, bb, cc)
             v = src[n_, ch, y - begin[0], x - begin[1]] if nchw_in else src[n_, y - begin[0], x - begin[1], ch]
+            # (all four tests even where a side has no padding: a transposing copy without any keeps its select,
+            # which keeps it a stage of its own that the taps read, not a gather inlined into each tap)
+            inside = te.all(y >= begin[0], y < h + begin[0], x >= begin[1], x < w_ + begin[1])
             return te.if_then_else(inside, v, te.const(0, src.dtype))
 
-        ph, pw = h + begin[0] + end[0], w_ + begin[1] + end[1]
-        X = te.compute((n, c, ph, pw) if nchw_in else (n, ph, pw, c), pad_body,
+        X = te.compute((n, c, ph, pw) if nchw_in and not to_nhwc else (n, ph, pw, c), pad_body,
                        name="dw_pad" if depthwise else "conv_pad")
     if depthwise:
         wt = ctx.constant(np.ascontiguousarray(w[:, 0].transpose(1, 2, 0)), keyed=False)  # (kh, kw, C)
         Xp = X
 
         def at(n_: Any, y: Any, x: Any, c_: Any, ky: int, kx: int) -> Any:
-            if not copy:
-                return tap(n_, y, x, c_, ky, kx)
             return Xp[n_, y * strides[0] + ky * dil[0], x * strides[1] + kx * dil[1], c_]
 
         def dw_body(n_: Any, y: Any, x: Any, c_: Any) -> Any:
