@@ -185,6 +185,26 @@ def test_int_floordiv_random(dtype, data):
     check_floordiv(dtype, a, b)
 
 
+@pytest.mark.parametrize("kind", ["serial", "vectorize"])
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+def test_int_floordiv_by_power_of_two(dtype, kind):
+    """A constant power-of-two divisor is a shift right (arithmetic for a signed type) and a mask, which are
+    floor division and modulo exactly, negative values included (MatMulNBits sign-extends its 4-bit weights
+    with ``w * 2**(28 - 4j) // 2**28``); the largest power the type holds too, scalar and vectorised."""
+    info = np.iinfo(dtype)
+    bits = dt.bits(dtype) - (1 if dt.is_signed(dtype) else 0)
+    rng = np.random.default_rng(0)
+    edges = [v for v in (int(info.min), int(info.min) + 1, -7, -1, 0, 1, 7, int(info.max)) if info.min <= v]
+    a = np.array(edges + [int(rng.integers(0, 1 << 62)) % (int(info.max) - int(info.min) + 1) + int(info.min)
+                          for _ in range(40)], dtype=object).astype(dtype)
+    for k in sorted({0, 1, 4, bits - 1}):
+        d = 1 << k
+        f = elementwise(lambda x, d=d: [x // E.const(d, dtype), x % E.const(d, dtype)], [dtype], kind=kind)
+        q, r = run(f, a)
+        np.testing.assert_array_equal(q, np.floor_divide(a, np.array(d).astype(dtype)), err_msg=f"// 2**{k}")
+        np.testing.assert_array_equal(r, np.remainder(a, np.array(d).astype(dtype)), err_msg=f"% 2**{k}")
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_float_floordiv_like_numpy(dtype):
     vals = [np.inf, -np.inf, 5.0, -5.0, 5.5, -5.5, 0.0, -0.0, np.nan, 1e300, 1e-300, 3.0, -3.0, 0.1, 7.0]

@@ -113,9 +113,22 @@ def needs_branch(e: Expr) -> bool:
     for n in walk(e):
         if isinstance(n, Load) or (isinstance(n, Call) and n.name == INDEX_CHECK):
             return True
-        if isinstance(n, Binary) and n.op in ("floordiv", "floormod") and not dt.is_float(n.dtype):
+        if isinstance(n, Binary) and n.op in ("floordiv", "floormod") and not dt.is_float(n.dtype) \
+                and pow2_divisor(n) is None:
             return True
     return False
+
+
+def pow2_divisor(e: Binary) -> int | None:
+    """``k`` when ``e`` is an integer ``x // 2**k`` or ``x % 2**k`` (a constant divisor, k >= 0): an
+    arithmetic (signed) or logical shift right by k, or a mask of k bits, in two's complement exactly
+    Python's floor division and modulo (-7 // 4 == -7 >> 2 == -2; -7 % 4 == -7 & 3 == 1)."""
+    d = e.b
+    if not isinstance(d, Const) or dt.is_float(e.dtype) or not isinstance(d.value, int) or isinstance(d.value, bool):
+        return None
+    v = int(d.value)
+    return v.bit_length() - 1 if v > 0 and v & (v - 1) == 0 and v.bit_length() <= dt.bits(e.dtype) - (
+        1 if dt.is_signed(e.dtype) else 0) else None
 
 
 class ExprEmitter:
@@ -142,6 +155,9 @@ class ExprEmitter:
                 return self.lrint(self.expr(e.value.args[0]))  # type: ignore[attr-defined]
             return self.cast(self.expr(e.value), e.value.dtype, e.dtype)
         if isinstance(e, Binary):
+            k = pow2_divisor(e) if e.op in ("floordiv", "floormod") else None
+            if k is not None:
+                return self.pow2_floordiv(e.op, self.expr(e.a), k, e.a.dtype)
             return self.binary(e.op, self.expr(e.a), self.expr(e.b), e.a.dtype)
         if isinstance(e, Unary):
             return self.unary(e.op, self.expr(e.a), e.dtype)
@@ -307,6 +323,17 @@ class ExprEmitter:
         if op in ("floordiv", "floormod"):
             return self.int_floordiv(op, a, b_, unsigned)
         raise InternalError(f"internal error in LLVM codegen: operator {op!r} on {dtype}")
+
+    def pow2_floordiv(self, op: str, a: ir.Value, k: int, dtype: str) -> ir.Value:
+        """``a // 2**k`` (a shift right: arithmetic for a signed type) or ``a % 2**k`` (a mask of k bits)
+        on an integer scalar or vector: see :func:`pow2_divisor`."""
+        b = self.builder
+        t = a.type
+        if op == "floormod":
+            return b.and_(a, ir.Constant(t, (1 << k) - 1) if not isinstance(t, ir.VectorType)
+                          else ir.Constant(t, [(1 << k) - 1] * t.count))
+        amount = ir.Constant(t, k) if not isinstance(t, ir.VectorType) else ir.Constant(t, [k] * t.count)
+        return b.lshr(a, amount) if _unsigned(dtype) else b.ashr(a, amount)
 
     def int_floordiv(self, op: str, a: ir.Value, d: ir.Value, unsigned: bool) -> ir.Value:
         """Python's floor division / modulo on integers; x // 0 == x % 0 == 0; never traps."""

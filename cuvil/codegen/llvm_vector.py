@@ -61,7 +61,7 @@ from llvmlite import ir
 
 from cuvil import dtype as dt
 from cuvil.codegen.llvm_dot import bf16_pair_arith, dot_vector
-from cuvil.codegen.llvm_expr import I32, I64, InternalError, mem_type, reg_type, rint_cast
+from cuvil.codegen.llvm_expr import I32, I64, InternalError, mem_type, pow2_divisor, reg_type, rint_cast
 from cuvil.ir.expr import BF16_PAIR, DOT_CALLS, INDEX_CHECK, Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from cuvil.ir.functor import children, structural_equal, walk
 from cuvil.ir.stmt import Block, For, If, LetStmt, Stmt, Store
@@ -412,6 +412,9 @@ class VectorLoops:
                     for p, q in ((x, y), (y, x)):
                         if q.stride == 0 and isinstance(q.value, ir.Constant):
                             return Lanes(b.mul(p.value, q.value), _signed(p.stride * int(q.value.constant), w))
+            k = pow2_divisor(e) if e.op in ("floordiv", "floormod") else None
+            if k is not None:  # a shift or a mask (the divisor's splat is not needed)
+                return Lanes(self.pow2_floordiv(e.op, self.vec(x), k, e.a.dtype), None)
             return Lanes(self.binary(e.op, self.vec(x), self.vec(y), e.a.dtype), None)
         if isinstance(e, Unary):
             return Lanes(self.unary(e.op, self.vec(self.vexpr(e.a)), e.dtype), None)

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cuvil import dtype as dt
 from cuvil.ir.expr import DOT_CALLS, Binary, Call, Cast, Expr, IterVar, Reduce, TensorRead
-from cuvil.ir.functor import free_vars
+from cuvil.ir.functor import free_vars, walk
 from cuvil.schedule.axes import const_int
 from cuvil.te.tensor import ComputeOp
 
@@ -61,6 +62,52 @@ def product_operands(body: Expr) -> tuple[TensorRead, TensorRead] | None:
             return None
         ops.append(x)
     return ops[0], ops[1]
+
+
+def _decoded(x: Expr) -> tuple[TensorRead, list[TensorRead]] | None:
+    """An operand that is an element-wise expression of reads, not a bare read: 4-bit weights unpacked
+    and scaled in registers, ``float(value j of W[n // P, u, n % P]) * S[n // P, b, n % P]`` (MatMulNBits:
+    :mod:`cuvil.graph.ops.llm_ms`).  Its reads, and the read of the largest tensor among them, which
+    stands for the operand (the weights; the scales beside them are a 16th of their elements or less),
+    which must be of an integer type decoded to floats (an expression of float reads, such as a padded
+    input inlined into a convolution, is left to the other strategies).  No reduction inside."""
+    reads = [n for n in walk(x) if isinstance(n, TensorRead)]
+    if not reads or any(isinstance(n, Reduce) for n in walk(x)):
+        return None
+
+    def size(r: TensorRead) -> int:
+        n = 1
+        for d in r.tensor.shape:
+            c = const_int(d)
+            n *= c if c is not None else 1 << 30
+        return n
+
+    rep = max(reads, key=size)
+    if not dt.is_int(rep.tensor.dtype) or dt.is_int(x.dtype):
+        return None  # codes decoded to numbers only (not a padded input inlined into a convolution)
+    return rep, reads
+
+
+def decoded_operands(body: Expr) -> tuple[tuple[TensorRead, list[TensorRead]], ...] | None:
+    """``sum(X * D)`` where either factor may be a decoded operand (:func:`_decoded`): per factor, the read
+    standing for it and all its reads (a bare read: itself alone), or None.  Only the CPU register tile
+    takes decoded operands (its vector loop computes the decoding once per tile column and step)."""
+    if not isinstance(body, Reduce) or body.name != "sum" or body.where is not None:
+        return None
+    src = body.source
+    while isinstance(src, Cast):
+        src = src.value
+    if not (isinstance(src, Binary) and src.op == "mul"):
+        return None
+    out = []
+    for x in (src.a, src.b):
+        while isinstance(x, Cast):
+            x = x.value
+        d = (x, [x]) if isinstance(x, TensorRead) else _decoded(x)
+        if d is None:
+            return None
+        out.append(d)
+    return tuple(out)
 
 
 def _uses(e: Expr, v: IterVar) -> bool:
@@ -118,23 +165,34 @@ def panel_width(read: TensorRead, v: IterVar) -> int | None:
 def contraction_candidates(op: ComputeOp) -> list[Contraction]:
     """Every (vector operand, j) pair of ``op`` with the innermost admissible i, unpacked ones first."""
     pair = product_operands(op.body)
-    if pair is None:
+    decoded = decoded_operands(op.body) if pair is None else None
+    if pair is None and decoded is None:
         return []
+    if decoded is not None:  # a decoded operand: its reads must all allow the tile (checked below)
+        pair = (decoded[0][0], decoded[1][0])
+        every = {id(decoded[0][0]): decoded[0][1], id(decoded[1][0]): decoded[1][1]}
+    else:
+        every = {id(pair[0]): [pair[0]], id(pair[1]): [pair[1]]}
     unpacked: list[Contraction] = []
     packed: list[Contraction] = []
     for vec, bc in (pair, pair[::-1]):
         for j in reversed(op.axis):
-            if const_int(j.extent) is None or any(_uses(ix, j) for ix in bc.indices):
+            if const_int(j.extent) is None or any(_uses(ix, j) for r in every[id(bc)] for ix in r.indices):
                 continue
             panel = panel_width(vec, j)
             natural = unit_stride_last(vec, j) or panel is not None
-            pack_dim = None if natural else _packable_dim(vec, j)
+            pack_dim = None if natural or decoded is not None else _packable_dim(vec, j)
             if pack_dim is None and not natural:
+                continue
+            if decoded is not None and not all(  # each read of the decoded operand: in the panel, or not along j
+                    not any(_uses(ix, j) for ix in r.indices) or panel_width(r, j) == panel
+                    or (panel is None and unit_stride_last(r, j)) for r in every[id(vec)]):
                 continue
             for i in reversed(op.axis):
                 if i is j or const_int(i.extent) is None:
                     continue
-                if any(_uses(ix, i) for ix in vec.indices) or not any(_uses(ix, i) for ix in bc.indices):
+                if any(_uses(ix, i) for r in every[id(vec)] for ix in r.indices) or \
+                        not any(_uses(ix, i) for ix in bc.indices):
                     continue
                 (unpacked if pack_dim is None else packed).append(Contraction(i, j, vec, bc, pack_dim, panel))
                 break

@@ -70,6 +70,7 @@ def _load_families() -> None:
         einsum,
         index,
         layout,
+        llm_ms,
         loss,
         misc,
         nn,

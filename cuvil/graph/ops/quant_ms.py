@@ -39,7 +39,10 @@ from cuvil.graph.ops.quant_mm import (
 )
 
 MS_OPS = frozenset({"QGemm", "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QLinearConcat",
-                    "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax"})
+                    "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax",
+                    # onnxruntime-genai's LLM operators (cuvil.graph.ops.llm_ms)
+                    "MatMulNBits", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
+                    "RotaryEmbedding", "GroupQueryAttention"})
 
 
 def _zp(ctx: NodeCtx, i: int, qtype: str) -> int:

@@ -25,6 +25,10 @@ def rotary_embedding(ctx: NodeCtx) -> list:
 
     A position id out of the cache's range reads outside it (not checked at run time yet).
     """
+    if ctx.has(1) and dt.is_int(ctx.dtype(1)):  # com.microsoft's operator: position_ids second
+        from cuvil.graph.ops.llm_ms import ms_rotary_embedding
+
+        return ms_rotary_embedding(ctx)
     xs = ctx.shape(0)
     dtype = ctx.dtype(0)
     if not dt.is_float(dtype):
