@@ -38,6 +38,7 @@ import numpy as np
 from cuvil import te
 from cuvil.errors import DTypeError
 from cuvil.graph.ops.base import NodeCtx, Shaped, op
+from cuvil.graph.ops.rotary import rotated
 
 
 def _panel(ctx: NodeCtx, m: int, n: int) -> int:
@@ -304,26 +305,11 @@ def ms_rotary_embedding(ctx: NodeCtx) -> list:
     ids = ctx.tensor(1, (1,) if one else (b, s))
     interleaved = bool(int(ctx.attr("interleaved", 0)))
 
-    def body(*i: Any) -> Any:
-        if len(xs) == 4:
-            bi, si, f = i[0], i[2], i[3]
-            at = lambda g: (i[0], i[1], i[2], g)  # noqa: E731
-        else:
-            bi, si, f = i[0], i[1], i[2] % d
-            at = lambda g: (i[0], i[1], i[2] - f + g)  # noqa: E731
-        if interleaved:
-            k, second = (f // 2) % half, f % 2 == 1
-            first_f, second_f = f - f % 2, f - f % 2 + 1
-        else:
-            k, second = f % half, f >= half
-            first_f, second_f = f % half, f % half + half
+    def angle(bi: Any, si: Any, k: Any) -> tuple[Any, Any]:
         pos = te.cast(ids[0], "int64") + si if one else te.cast(ids[bi, si], "int64")
-        c, sn = cos[pos, k], sin[pos, k]
-        x1, x2 = x[at(first_f)], x[at(second_f)]
-        rotated = te.if_then_else(second, sn * x1 + c * x2, c * x1 - sn * x2)
-        return te.if_then_else(f < r, rotated, x[i]) if r < d else rotated
+        return cos[pos, k], sin[pos, k]
 
-    return [te.compute(xs, body, name="rotary")]
+    return [rotated(x, xs, d, r, interleaved, angle)]
 
 
 # -- GroupQueryAttention (com.microsoft) ------------------------------------------------------------------

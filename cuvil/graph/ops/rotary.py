@@ -3,6 +3,7 @@ queries and keys."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from cuvil import dtype as dt
@@ -61,6 +62,23 @@ def rotary_embedding(ctx: NodeCtx) -> list:
     if with_ids and ctx.shape(3) != (b, s):
         raise ctx.error(f"position_ids {list(ctx.shape(3))} must have shape [{b}, {s}]")
 
+    def angle(bi: Any, si: Any, k: Any) -> tuple[Any, Any]:
+        if ids is not None:
+            pos = te.cast(ids[bi, si], "int64")
+            return cos[pos, k], sin[pos, k]
+        return cos[bi, si, k], sin[bi, si, k]
+
+    return [rotated(x, xs, d, r, interleaved, angle)]
+
+
+def rotated(x: Any, xs: tuple[int, ...], d: int, r: int, interleaved: bool,
+            angle: Callable[[Any, Any, Any], tuple[Any, Any]]) -> Any:
+    """``x`` (of shape ``xs``: (B, H, S, D), or (B, S, H*D) with heads of ``d`` features) with the first ``r``
+    features of each head turned pair by pair, pair ``k`` at batch ``b`` and position ``s`` by the angle
+    whose cosine and sine are ``angle(b, s, k)``; the other features pass through.  Pairs are ``(k, k +
+    r/2)``, or ``(2k, 2k + 1)`` when ``interleaved`` (ONNX's RotaryEmbedding and com.microsoft's share it)."""
+    half = r // 2
+
     def body(*i: Any) -> Any:
         if len(xs) == 4:
             bi, si, f = i[0], i[2], i[3]
@@ -74,13 +92,9 @@ def rotary_embedding(ctx: NodeCtx) -> list:
         else:
             k, second = f % half, f >= half
             first_f, second_f = f % half, f % half + half
-        if with_ids:
-            pos = te.cast(ids[bi, si], "int64")
-            c, sn = cos[pos, k], sin[pos, k]
-        else:
-            c, sn = cos[bi, si, k], sin[bi, si, k]
+        c, sn = angle(bi, si, k)
         x1, x2 = x[at(first_f)], x[at(second_f)]
-        rotated = te.if_then_else(second, sn * x1 + c * x2, c * x1 - sn * x2)
-        return te.if_then_else(f < r, rotated, x[i]) if r < d else rotated
+        out = te.if_then_else(second, sn * x1 + c * x2, c * x1 - sn * x2)
+        return te.if_then_else(f < r, out, x[i]) if r < d else out
 
-    return [te.compute(xs, body, name="rotary")]
+    return te.compute(xs, body, name="rotary")
