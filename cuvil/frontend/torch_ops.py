@@ -477,16 +477,26 @@ def _batch_norm_no_stats(b: Builder, n: Any, args: tuple, kw: dict) -> tuple:
     x, w, bias = b.tensor(args[0], dt), args[1], args[2]
     eps = args[5] if len(args) > 5 else kw.get("eps", 1e-5)
     rank = _rank(n.args[0])
-    axes = b.const([0] + list(range(2, rank)), "int64")
+    out = _normalised(b, x, b.const([0] + list(range(2, rank)), "int64"), eps, dt)
+    return (_per_channel_affine(b, out, w, bias, rank, dt), None, None)
+
+
+def _normalised(b: Builder, x: str, axes: str, eps: float, dt: str) -> str:
+    """``(x - mean) / sqrt(var + eps)`` over ``axes``, the variance biased (what the norms of training mode
+    compute)."""
     d = b.one("Sub", [x, b.one("ReduceMean", [x, axes], dt, keepdims=1)], dt)
     var = b.one("ReduceMean", [b.one("Mul", [d, d], dt), axes], dt, keepdims=1)
-    out = b.one("Div", [d, b.one("Sqrt", [b.one("Add", [var, b.const(eps, dt)], dt)], dt)], dt)
+    return b.one("Div", [d, b.one("Sqrt", [b.one("Add", [var, b.const(eps, dt)], dt)], dt)], dt)
+
+
+def _per_channel_affine(b: Builder, out: str, w: Any, bias: Any, rank: int, dt: str) -> str:
+    """``out * w + bias`` with ``w`` and ``bias`` (each optional) per channel, dimension 1 of ``rank``."""
     per_channel = b.const([-1] + [1] * (rank - 2), "int64")
     if w is not None:
         out = b.one("Mul", [out, b.one("Reshape", [b.tensor(w, dt), per_channel], dt)], dt)
     if bias is not None:
         out = b.one("Add", [out, b.one("Reshape", [b.tensor(bias, dt), per_channel], dt)], dt)
-    return (out, None, None)
+    return out
 
 
 @aten("native_group_norm.default")
@@ -500,17 +510,9 @@ def _group_norm(b: Builder, n: Any, args: tuple, kw: dict) -> tuple:
     groups, eps = int(args[6]), float(args[7])
     rank = _rank(n.args[0])
     rows = b.one("Reshape", [x, b.const([0, groups, -1], "int64")], dt)
-    axes = b.const([2], "int64")
-    d = b.one("Sub", [rows, b.one("ReduceMean", [rows, axes], dt, keepdims=1)], dt)
-    var = b.one("ReduceMean", [b.one("Mul", [d, d], dt), axes], dt, keepdims=1)
-    normed = b.one("Div", [d, b.one("Sqrt", [b.one("Add", [var, b.const(eps, dt)], dt)], dt)], dt)
+    normed = _normalised(b, rows, b.const([2], "int64"), eps, dt)
     out = b.one("Reshape", [normed, b.one("Shape", [x], "int64")], dt)
-    per_channel = b.const([-1] + [1] * (rank - 2), "int64")
-    if w is not None:
-        out = b.one("Mul", [out, b.one("Reshape", [b.tensor(w, dt), per_channel], dt)], dt)
-    if bias is not None:
-        out = b.one("Add", [out, b.one("Reshape", [b.tensor(bias, dt), per_channel], dt)], dt)
-    return (out, None, None)
+    return (_per_channel_affine(b, out, w, bias, rank, dt), None, None)
 
 
 # -- contractions and convolutions -----------------------------------------------------------
