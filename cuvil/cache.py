@@ -32,6 +32,7 @@ owner                                          limit  what an entry holds (and w
 
 Module-level state that is not a cache, and so has no limit:
 
+- ``cuvil.cache._LIVE``: the live BoundedCaches (weakly), whose locks a forked child replaces;
 - ``cuvil.runtime.loader._OPENED``: the libraries this process has dlopened (never unloaded: forgetting one
   would let a later load of a rewritten file get the stale library back from dlopen);
 - ``cuvil.target.Target._cache``: interning (a Target is equal only to itself), one per target string;
@@ -49,7 +50,9 @@ uses.  Caches owned by an object live as long as it does (a session's programs p
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, MutableMapping
 from typing import Any, TypeVar
@@ -80,6 +83,7 @@ class BoundedCache(MutableMapping[K, V]):
         self.max_entries = max_entries
         self._data: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
+        _LIVE[id(self)] = self
 
     def __getitem__(self, key: K) -> V:
         with self._lock:
@@ -125,3 +129,17 @@ class BoundedCache(MutableMapping[K, V]):
 
     def __repr__(self) -> str:
         return f"BoundedCache({self.name!r}, {len(self._data)}/{self.max_entries} entries)"
+
+
+# every BoundedCache alive, so that a forked child (a compile's worker, cuvil/graph/parallel.py) gets fresh
+# locks: one another thread held at the fork would never be released there
+_LIVE: weakref.WeakValueDictionary[int, BoundedCache] = weakref.WeakValueDictionary()  # (a mapping: unhashable)
+
+
+def _fresh_locks_after_fork() -> None:
+    for c in list(_LIVE.values()):
+        c._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks_after_fork)

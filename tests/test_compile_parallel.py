@@ -175,3 +175,61 @@ def test_cli_compile_prints_the_time_of_each_stage(tmp_path) -> None:
     line = next(x for x in out.stdout.splitlines() if x.startswith("wall time per stage"))
     for stage in ("import", "graph passes", "kernels", "llvm", "total", "2 worker processes"):
         assert stage in line
+
+
+def test_workers_forked_while_another_thread_compiles_do_not_hang() -> None:
+    """Another thread inside an LLVM call (llvmlite's lock held: a long O3 run of another model) when a
+    compile forks its workers: the fork waits for the lock, so no worker starts holding a lock nobody will
+    release (it would wait forever in its first LLVM call)."""
+    import threading
+
+    from llvmlite.binding import ffi
+
+    import cuvil
+    from cuvil import te
+
+    x = te.placeholder((64,), name="x")
+    y = te.compute((64,), lambda i: x[i] * 2.0, name="y")
+    func = cuvil.lower(cuvil.auto_schedule([x, y]), [x, y], name="k0")
+    held = threading.Event()
+
+    def busy() -> None:
+        with ffi.lib._lock:
+            held.set()
+            threading.Event().wait(2.0)
+
+    t = threading.Thread(target=busy)
+    t.start()
+    held.wait(30)
+    with parallel.Workers(2) as w:
+        obj = w.submit(parallel.kernel_object, func, "llvm").result(timeout=120)
+    t.join(30)
+    assert len(obj) > 0
+
+
+def test_a_forked_child_gets_fresh_cache_locks() -> None:
+    """A BoundedCache whose lock another thread holds at a fork is usable in the child."""
+    import threading
+
+    from cuvil.cache import BoundedCache
+
+    c = BoundedCache("test.fork", 4)
+    c._lock.acquire()  # as if another thread were inside c[...] when the fork happens
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: would block forever on the inherited lock
+            c["x"] = 1
+            os._exit(0 if c["x"] == 1 else 1)
+        deadline = threading.Event()
+        for _ in range(300):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            deadline.wait(0.1)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("the child hung on the cache's inherited lock")
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        c._lock.release()

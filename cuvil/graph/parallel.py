@@ -65,11 +65,13 @@ class Workers:
     def submit(self, fn: Any, *args: Any) -> Future:
         """Run ``fn(*args)`` in a worker; :class:`WorkersLost` when they are gone."""
         try:
-            if self._pool is None:
-                import multiprocessing
+            if self._pool is not None:
+                return self._pool.submit(fn, *args)
+            import multiprocessing
 
-                self._pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork"))
-            return self._pool.submit(fn, *args)
+            self._pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork"))
+            with _llvm_lock():  # the first submit forks every worker (a fork pool does not spawn later)
+                return self._pool.submit(fn, *args)
         except (BrokenProcessPool, RuntimeError, OSError) as exc:
             raise WorkersLost(str(exc)) from None
 
@@ -94,6 +96,18 @@ class Workers:
             except WorkersLost:
                 pass
         return [kernel_object(k, target) for k in kernels]
+
+
+def _llvm_lock() -> Any:
+    """llvmlite's lock around every LLVM call, held while the workers are forked: had another thread of this
+    process held it (compiling another model), each child would wait for it forever.  Held here, the
+    children start holding it themselves (a reentrant lock of their only thread)."""
+    import contextlib
+
+    from llvmlite.binding import ffi
+
+    lock = getattr(getattr(ffi, "lib", None), "_lock", None)
+    return lock if lock is not None and hasattr(lock, "__enter__") else contextlib.nullcontext()
 
 
 def result(fut: Future) -> Any:
