@@ -62,6 +62,14 @@ def new_module(name: str, target: Any) -> Any:
     return module
 
 
+def object_file(module: Any, target: Any) -> bytes:
+    """The machine code of llvmlite ``module`` for ``target`` (JIT relocation model): O3, then an object file."""
+    from cuvil.codegen import llvm as cg
+
+    mod = cg.optimize(cg.finish_ir_text(str(module), target), target)
+    return bytes(cg.target_machine(target).emit_object(mod))
+
+
 def emit_graph(module: Any, kernels: Sequence[LoweredFunc], calls: Sequence[KernelCall], target: Any,
                entry: str = "graph", declare: bool = False) -> tuple[Any, Any]:
     """Add the kernels, ``int32_t <entry>(void **slots)`` and ``void <entry>_set_num_threads(int32_t)``
@@ -168,9 +176,8 @@ class LinkedModule:
     def _objects(self, workers: Any) -> list[bytes]:
         """The machine code to run: the entry point's object file and one per kernel, each from the
         kernel cache or compiled now (the kernels by ``workers``, :class:`cuvil.graph.parallel.Workers`).
-        A kernel's object is keyed by its loop IR and the target, so a kernel another model compiled
-        before is not compiled again."""
-        from cuvil.codegen import llvm as cg
+        A kernel's object is keyed by its identity (:attr:`kernel_ids`), its name and the target, so a
+        kernel another model compiled before under the same name is not compiled again."""
         from cuvil.graph import kernel_cache, parallel
 
         keys = [kernel_cache.module_key([f"{k.name} {i}"], [], self.target, "kernel")
@@ -187,8 +194,7 @@ class LinkedModule:
         if entry is None:
             module = new_module(self.entry, self.target)
             emit_graph(module, self.kernels, self.calls, self.target, self.entry, declare=True)
-            mod = cg.optimize(cg.finish_ir_text(str(module), self.target), self.target)
-            entry = bytes(cg.target_machine(self.target).emit_object(mod))
+            entry = object_file(module, self.target)
             kernel_cache.store_object(f"{self._key}.entry", entry)
         return [entry, *objects]
 

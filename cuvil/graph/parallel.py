@@ -165,11 +165,10 @@ def kernel_object(func: Any, target: str) -> bytes:
     """One kernel's object file for ``target`` (JIT relocation model): its function emitted alone into a
     module, O3, machine code.  The entry point of a linked module calls it by name."""
     from cuvil.codegen import llvm as cg
-    from cuvil.graph.link import new_module
+    from cuvil.graph.link import new_module, object_file
     from cuvil.target import Target
 
     tgt = Target(target)
     module = new_module(func.name, tgt)
     cg.emit_function(module, func, tgt)
-    mod = cg.optimize(cg.finish_ir_text(str(module), tgt), tgt)
-    return bytes(cg.target_machine(tgt).emit_object(mod))
+    return object_file(module, tgt)
