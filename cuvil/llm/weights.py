@@ -18,14 +18,14 @@ Nothing here runs at inference time: ``dequantize`` is for references and tests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Union
 
 import numpy as np
 
 from cuvil.errors import ModelError
 
-__all__ = ["Dense", "Q4", "Q8", "Weight", "DecoderConfig", "LayerWeights", "DecoderWeights", "weight_shape"]
+__all__ = ["Dense", "Q4", "Q8", "Weight", "DecoderConfig", "LayerWeights", "DecoderWeights", "stack", "weight_shape"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -129,7 +129,7 @@ class Q8:
         return int(self.q.nbytes + self.scale.nbytes)
 
 
-Weight = Union[Dense, Q4, Q8]
+Weight = Dense | Q4 | Q8
 
 
 def weight_shape(w: Weight) -> tuple[int, int]:
@@ -225,7 +225,7 @@ class DecoderWeights:
                     raise ModelError(f"layer {i}: {name} is {g.dtype} {list(g.shape)}; expected float32 "
                                      f"[{c.hidden}]")
 
-    def with_linears(self, f: "callable") -> "DecoderWeights":
+    def with_linears(self, f: Callable[[str, Weight], Weight]) -> DecoderWeights:
         """The same model with every projection (and the head) replaced by ``f(name, weight)``."""
         names = ("q", "k", "v", "o", "gate", "up", "down")
         layers = tuple(replace(L, **{n: f(f"layers.{i}.{n}", getattr(L, n)) for n in names})
@@ -239,3 +239,23 @@ class DecoderWeights:
         for L in self.layers:
             total += sum(getattr(L, n).nbytes for n in ("q", "k", "v", "o", "gate", "up", "down"))
         return int(total)
+
+
+def stack(*weights: Weight) -> Weight:
+    """One weight whose outputs are those of ``weights`` in order (the fused q/k/v or gate/up projection of a
+    layer): all of one form, with the same K (and group)."""
+    first = weights[0]
+    if any(type(w) is not type(first) or w.shape[1] != first.shape[1] for w in weights):
+        raise ModelError("weights stacked into one projection must share their form and input size; got "
+                         + ", ".join(f"{type(w).__name__} {list(w.shape)}" for w in weights))
+    if isinstance(first, Dense):
+        return Dense(np.concatenate([w.w for w in weights]))
+    if isinstance(first, Q4):
+        if any(w.group != first.group for w in weights):
+            raise ModelError("4-bit weights stacked into one projection must share their group size")
+        return Q4(np.concatenate([w.q for w in weights]), np.concatenate([w.scale for w in weights]),
+                  np.concatenate([w.offset for w in weights]), first.group,
+                  all(w.symmetric for w in weights))
+    if any(w.group != first.group for w in weights):
+        raise ModelError("8-bit weights stacked into one projection must share their group size")
+    return Q8(np.concatenate([w.q for w in weights]), np.concatenate([w.scale for w in weights]), first.group)

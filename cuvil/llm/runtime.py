@@ -1,0 +1,311 @@
+"""Running a decoder: compiled steps, a KV cache updated in place, prefill, decode and generation.
+
+:class:`Generator` compiles one step for a single token (decode) and one for a chunk of ``chunk`` tokens
+(prefill), each a fixed sequence of kernels over buffers allocated once.  Per layer::
+
+    h   = rms_norm(x)                       kernels.rms_norm
+    qkv = h @ [Wq; Wk; Wv]^T (+ biases)     qlinear.linear (q, k, v fused)
+    q, K[p:p+T], V[p:p+T] = rotary(qkv)     kernels.rotary: the new keys and values land in the cache
+    a   = attention(q, K[:p+T], V[:p+T])    kernels.attention (causal, grouped, sliding window)
+    x2  = x + a @ Wo^T                      qlinear.linear (residual)
+    h   = rms_norm(x2)
+    gu  = h @ [Wgate; Wup]^T                qlinear.linear (gate, up fused)
+    x   = x2 + (act(gate) * up) @ Wdown^T   kernels.gated_act, qlinear.linear (residual)
+
+then the final norm and the head on the last token, and the greedy choice (:func:`kernels.greedy`).  The
+cache of a layer is ``[capacity, kv_heads, head_dim]``, token-major, so the rows a step writes are one
+contiguous slice (the kernel's output argument points into the cache: no copy per token) and the rows
+attention reads are another (a size variable gives their count).  Every call is bound once
+(:class:`cuvil.llm.call.Bound`); a step moves the cache slot pointers and the attended length, and runs.
+
+A prompt is taken ``chunk`` tokens at a time; a last part shorter than the chunk runs padded (the padding
+rows write cache rows past the prompt, which no query reads before a later token overwrites them), or
+token by token when it is short.  The cache keeps the tokens it holds: a prompt that starts with them
+(prefix caching) only runs the rest.
+
+Sampling (temperature, top-k, top-p) draws from the logits on the host; greedy decoding picks the token
+in a kernel.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cuvil.errors import ArgumentError, ShapeError
+from cuvil.llm import kernels as K
+from cuvil.llm.call import Bound
+from cuvil.llm.weights import DecoderConfig, DecoderWeights, Dense, stack
+
+__all__ = ["Generator", "Stats"]
+
+
+def _rope_tables(cfg: DecoderConfig, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of every position's angles [n, head_dim / 2], in float32 as Hugging Face computes them
+    (a constant of the model, computed once)."""
+    D = cfg.head_dim
+    inv = (1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, D, 2, dtype=np.int64).astype(np.float32) / D)))
+    inv = inv.astype(np.float32)
+    ang = np.arange(n, dtype=np.float32)[:, None] * inv[None, :]
+    return np.ascontiguousarray(np.cos(ang), np.float32), np.ascontiguousarray(np.sin(ang), np.float32)
+
+
+@dataclass
+class Stats:
+    """Tokens and seconds of the last :meth:`Generator.generate` (wall time; prefill includes the first
+    token's logits)."""
+
+    prompt_tokens: int = 0
+    prefill_s: float = 0.0
+    new_tokens: int = 0
+    decode_s: float = 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.new_tokens / self.decode_s if self.decode_s else 0.0
+
+
+class _Step:
+    """The kernels and buffers of a step of T tokens, bound once."""
+
+    def __init__(self, gen: Generator, T: int):
+        cfg, w = gen.config, gen.weights
+        H, G, D, F = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn
+        self.T = T
+        f32 = np.float32
+        self.ids = np.zeros(T, np.int32)
+        self.x = np.zeros((T, cfg.hidden), f32)
+        self.x2 = np.zeros((T, cfg.hidden), f32)
+        self.h = np.zeros((T, cfg.hidden), f32)
+        self.qkv = np.zeros((T, (H + 2 * G) * D), f32)
+        self.q = np.zeros((T, H, D), f32)
+        self.a = np.zeros((T, H * D), f32)
+        self.gu = np.zeros((T, 2 * F), f32)
+        self.act = np.zeros((T, F), f32)
+        tk = gen.target
+        norm, rot = gen.kernel("rms_norm", T), gen.kernel("rotary", T)
+        attn, gact = gen.kernel("attention", T), gen.kernel("gated_act", T)
+        self.embed = Bound(gen.kernel("embed", T), self.ids, gen.table, self.x)
+        self.rot: list[Bound] = []
+        self.attn: list[Bound] = []
+        self.calls: list[Callable[[], None] | tuple[str, int]] = [self.embed]
+        cos, sin = gen.cos[:T], gen.sin[:T]
+        for i, layer in enumerate(w.layers):
+            lin = gen.linears[i]
+            kc, vc = gen.kcache[i], gen.vcache[i]
+            r = Bound(rot, self.qkv, cos, sin, self.q, kc[:T], vc[:T])
+            a = Bound(attn, self.q, kc[:T], vc[:T], self.a)
+            self.rot.append(r)
+            self.attn.append(a)
+            self.calls += [
+                Bound(norm, self.x, layer.attn_norm, self.h),
+                lin["qkv"](T, tk).bind(self.h, self.qkv),
+                r, a,
+                lin["o"](T, tk).bind(self.a, self.x2, self.x),
+                Bound(norm, self.x2, layer.ffn_norm, self.h),
+                lin["gu"](T, tk).bind(self.h, self.gu),
+                Bound(gact, self.gu, self.act),
+                lin["down"](T, tk).bind(self.act, self.x, self.x2),
+            ]
+
+    def run(self, gen: Generator, pos: int) -> None:
+        """The step for tokens ``self.ids`` at positions ``pos .. pos + T - 1``."""
+        T = self.T
+        cos, sin = gen.cos[pos:pos + T], gen.sin[pos:pos + T]
+        for i, (r, a) in enumerate(zip(self.rot, self.attn)):
+            kc, vc = gen.kcache[i], gen.vcache[i]
+            r.point(1, cos)
+            r.point(2, sin)
+            r.point(4, kc[pos:pos + T])
+            r.point(5, vc[pos:pos + T])
+            a.size("L", pos + T)  # (the cache's base stays: the attended rows are its first pos + T)
+        for c in self.calls:
+            c()
+
+
+class Generator:
+    """A decoder compiled for this CPU, with its KV cache: ``prefill``, ``decode``, ``generate``, ``reset``.
+
+    ``context``: the most positions the cache holds (default: the config's ``max_context``); ``chunk``:
+    the tokens a prefill step takes; ``linear``: the factory of the weight contractions (default
+    :func:`cuvil.llm.qlinear.linear`)."""
+
+    def __init__(self, weights: DecoderWeights, *, context: int | None = None, chunk: int = 64,
+                 target: Any = None, linear: Callable[..., Any] | None = None):
+        cfg = weights.config
+        self.config, self.weights, self.target = cfg, weights, target
+        self.context = int(context or cfg.max_context)
+        self.chunk = max(1, min(int(chunk), self.context))
+        if linear is None:
+            from cuvil.llm.qlinear import linear
+        self._linear = linear
+        cap = self.context + self.chunk  # room for a padded chunk's rows past the context
+        G, D = cfg.kv_heads, cfg.head_dim
+        self.kcache = [np.zeros((cap, G, D), np.float32) for _ in range(cfg.layers)]
+        self.vcache = [np.zeros((cap, G, D), np.float32) for _ in range(cfg.layers)]
+        self.cos, self.sin = _rope_tables(cfg, cap)
+        self.table = self._table()
+        self._kernels: dict[tuple[str, int], Any] = {}
+        self._compiled: dict[tuple[int, str, int], Any] = {}
+        self.linears = [self._layer_linears(i, L) for i, L in enumerate(weights.layers)]
+        self._steps: dict[int, _Step] = {}
+        self.tokens: list[int] = []  # the tokens whose keys and values the cache holds, in order
+        self.logits = np.zeros((1, cfg.vocab), np.float32)
+        self._last = np.zeros((1, cfg.hidden), np.float32)
+        self._normed = np.zeros((1, cfg.hidden), np.float32)
+        self._best = np.zeros(1, np.int32)
+        self._head = self._linear(weights.head, 1, target)
+        self._final = Bound(self.kernel("rms_norm", 1), self._last, weights.norm, self._normed)
+        self._head_call = self._head.bind(self._normed, self.logits)
+        self._greedy = Bound(K.greedy(cfg.vocab, target), self.logits, self._best)
+        self.stats = Stats()
+
+    # -- compiling ---------------------------------------------------------------------------------------
+
+    def _table(self) -> np.ndarray:
+        e = self.weights.embed
+        return e.w if isinstance(e, Dense) else np.ascontiguousarray(e.dequantize(), np.float32)
+
+    def kernel(self, name: str, T: int) -> Any:
+        """The compiled kernel ``name`` of :mod:`cuvil.llm.kernels` for steps of T tokens (built once)."""
+        key = (name, T)
+        if key not in self._kernels:
+            self._kernels[key] = getattr(K, name)(self.config, T, self.target)
+        return self._kernels[key]
+
+    def _layer_linears(self, i: int, L: Any) -> dict[str, Callable[[int, Any], Any]]:
+        """Per projection, a function of (T, target) giving the compiled contraction (built once per T)."""
+        cfg = self.config
+        qkv_bias = None
+        if L.q_bias is not None or L.k_bias is not None or L.v_bias is not None:
+            H, G, D = cfg.heads, cfg.kv_heads, cfg.head_dim
+            z = np.zeros
+            qkv_bias = np.concatenate([L.q_bias if L.q_bias is not None else z(H * D, np.float32),
+                                       L.k_bias if L.k_bias is not None else z(G * D, np.float32),
+                                       L.v_bias if L.v_bias is not None else z(G * D, np.float32)])
+        plan = {"qkv": (stack(L.q, L.k, L.v), False, qkv_bias), "o": (L.o, True, None),
+                "gu": (stack(L.gate, L.up), False, None), "down": (L.down, True, None)}
+
+        def maker(name: str) -> Callable[[int, Any], Any]:
+            weight, residual, bias = plan[name]
+
+            def make(T: int, target: Any) -> Any:
+                key = (i, name, T)
+                if key not in self._compiled:
+                    self._compiled[key] = self._linear(weight, T, target, residual=residual, bias=bias)
+                return self._compiled[key]
+            return make
+        return {n: maker(n) for n in plan}
+
+    def step(self, T: int) -> _Step:
+        if T not in self._steps:
+            self._steps[T] = _Step(self, T)
+        return self._steps[T]
+
+    # -- running -----------------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the cached tokens (the next prompt starts at position 0)."""
+        self.tokens = []
+
+    def _check_ids(self, ids: Sequence[int]) -> list[int]:
+        out = [int(t) for t in ids]
+        bad = [t for t in out if not 0 <= t < self.config.vocab]
+        if bad:
+            raise ArgumentError(f"token ids {bad[:5]} are outside the vocabulary (0 .. {self.config.vocab - 1})")
+        return out
+
+    def _run(self, ids: list[int], pos: int) -> None:
+        """Run the tokens ``ids`` from position ``pos`` (the cache holds positions < pos) and leave the last
+        token's logits in ``self.logits``."""
+        if pos + len(ids) > self.context:
+            raise ShapeError(f"{pos + len(ids)} tokens do not fit the context of {self.context} positions "
+                             "(Generator(context=...) to make it longer)")
+        C = self.chunk
+        i = 0
+        while i < len(ids):
+            rest = len(ids) - i
+            T = C if rest >= C or (C > 1 and rest * 8 >= C) else 1
+            step = self.step(T)
+            part = ids[i:i + T]
+            step.ids[:len(part)] = part
+            step.ids[len(part):] = 0
+            step.run(self, pos + i)
+            last = len(part) - 1
+            i += len(part)
+        self._last[0] = step.x[last]
+        self._final()
+        self._head_call()
+        self.tokens = self.tokens[:pos] + ids
+
+    def prefill(self, ids: Sequence[int]) -> np.ndarray:
+        """Run a prompt and return the logits of its last token; the cache keeps the prompt's tokens that
+        earlier calls already ran (the longest common prefix) and runs the rest."""
+        ids = self._check_ids(ids)
+        if not ids:
+            raise ArgumentError("prefill needs at least one token")
+        keep = 0
+        for a, b in zip(self.tokens, ids):
+            if a != b:
+                break
+            keep += 1
+        keep = min(keep, len(ids) - 1)  # the last token runs again: its logits are the answer
+        self.tokens = self.tokens[:keep]
+        self._run(ids[keep:], keep)
+        return self.logits[0]
+
+    def decode(self, token: int) -> np.ndarray:
+        """Run one more token after the cached ones; return its logits."""
+        self._run(self._check_ids([token]), len(self.tokens))
+        return self.logits[0]
+
+    def _choose(self, rng: np.random.Generator | None, temperature: float, top_k: int, top_p: float) -> int:
+        if rng is None:
+            self._greedy()
+            return int(self._best[0])
+        z = self.logits[0].astype(np.float64) / temperature
+        if 0 < top_k < z.size:
+            cut = np.partition(z, -top_k)[-top_k]
+            z = np.where(z >= cut, z, -np.inf)
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        if top_p < 1.0:
+            order = np.argsort(-p)
+            keep = np.cumsum(p[order]) - p[order] < top_p
+            mask = np.zeros_like(p, bool)
+            mask[order[keep]] = True
+            p = np.where(mask, p, 0.0)
+            p /= p.sum()
+        return int(rng.choice(p.size, p=p))
+
+    def generate(self, ids: Sequence[int], max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int | None = None, stop: Sequence[int] | None = None) -> Iterator[int]:
+        """Yield up to ``max_new_tokens`` tokens after the prompt ``ids`` as they come: greedy when
+        ``temperature`` is 0, else sampled (top-k, then top-p) with ``seed``; ``stop`` tokens (default:
+        the model's end-of-sequence ids) end the generation after being yielded."""
+        stops = set(self.config.eos if stop is None else stop)
+        rng = None if temperature <= 0 else np.random.default_rng(seed)
+        self.stats = Stats(prompt_tokens=len(ids))
+        t0 = time.perf_counter()
+        self.prefill(ids)
+        tok = self._choose(rng, temperature, top_k, top_p)
+        self.stats.prefill_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        for n in range(max_new_tokens):
+            yield tok
+            if tok in stops or n == max_new_tokens - 1:
+                break
+            if len(self.tokens) >= self.context:
+                break
+            self.decode(tok)
+            tok = self._choose(rng, temperature, top_k, top_p)
+            self.stats.new_tokens = n + 1
+            self.stats.decode_s = time.perf_counter() - t1
