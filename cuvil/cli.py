@@ -211,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     from cuvil.autotune import cluster
 
     cluster.add_parsers(sub)
+    from cuvil.llm import cli as llm_cli
+
+    llm_cli.add_parsers(sub)
     args = parser.parse_args(argv)
     try:
         return _dispatch(parser, args, tune_cli)
@@ -258,10 +261,13 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, tune_cl
         print(cuvil.__version__)
         return 0
     from cuvil.autotune import cluster
+    from cuvil.llm import cli as llm_cli
 
     code = cli_onnx.dispatch(args)
     if code is None:
         code = cluster.dispatch(args)
+    if code is None:
+        code = llm_cli.dispatch(args)
     if code is not None:
         return code
     if args.cmd == "tune":

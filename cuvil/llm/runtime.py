@@ -39,7 +39,7 @@ import numpy as np
 from cuvil.errors import ArgumentError, ShapeError
 from cuvil.llm import kernels as K
 from cuvil.llm.call import Bound
-from cuvil.llm.weights import DecoderConfig, DecoderWeights, Dense, stack
+from cuvil.llm.weights import Q4, DecoderConfig, DecoderWeights, Dense, stack
 
 __all__ = ["Generator", "Stats"]
 
@@ -136,11 +136,13 @@ class Generator:
 
     ``context``: the most positions the cache holds (default: the config's ``max_context``); ``chunk``:
     the tokens a prefill step takes; ``linear``: the factory of the weight contractions (default
-    :func:`cuvil.llm.qlinear.linear`)."""
+    :func:`cuvil.llm.qlinear.linear`); ``activations``: "int8" or "float32" for the 4-bit weights' contractions
+    (default: the kernels' choice, int8 where the CPU has an exact 8-bit dot product)."""
 
     def __init__(self, weights: DecoderWeights, *, context: int | None = None, chunk: int = 64,
-                 target: Any = None, linear: Callable[..., Any] | None = None):
+                 target: Any = None, linear: Callable[..., Any] | None = None, activations: str | None = None):
         cfg = weights.config
+        self.activations = activations
         self.config, self.weights, self.target = cfg, weights, target
         self.context = int(context or cfg.max_context)
         self.chunk = max(1, min(int(chunk), self.context))
@@ -162,7 +164,7 @@ class Generator:
         self._last = np.zeros((1, cfg.hidden), np.float32)
         self._normed = np.zeros((1, cfg.hidden), np.float32)
         self._best = np.zeros(1, np.int32)
-        self._head = self._linear(weights.head, 1, target)
+        self._head = self._make_linear(weights.head, 1, residual=False, bias=None)
         self._final = Bound(self.kernel("rms_norm", 1), self._last, weights.norm, self._normed)
         self._head_call = self._head.bind(self._normed, self.logits)
         self._greedy = Bound(K.greedy(cfg.vocab, target), self.logits, self._best)
@@ -200,10 +202,14 @@ class Generator:
             def make(T: int, target: Any) -> Any:
                 key = (i, name, T)
                 if key not in self._compiled:
-                    self._compiled[key] = self._linear(weight, T, target, residual=residual, bias=bias)
+                    self._compiled[key] = self._make_linear(weight, T, residual=residual, bias=bias)
                 return self._compiled[key]
             return make
         return {n: maker(n) for n in plan}
+
+    def _make_linear(self, weight: Any, T: int, *, residual: bool, bias: np.ndarray | None) -> Any:
+        extra = {"activations": self.activations} if self.activations and isinstance(weight, Q4) else {}
+        return self._linear(weight, T, self.target, residual=residual, bias=bias, **extra)
 
     def step(self, T: int) -> _Step:
         if T not in self._steps:
