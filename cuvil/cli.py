@@ -200,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
                          "onnxruntime's tool (qdq-u8s8, qdq-s8s8, qdq-u8s8-pc, qdq-s8s8-pc, qop-u8s8, dynamic; "
                          "comma-separated), cuvil beside onnxruntime on the int8 file and beside cuvil's fp32 "
                          "(cuvil.bench_quant)")
+    p_bench.add_argument("--llm", default=None, metavar="MODEL", help="an LLM's prefill and decode rates beside "
+                         "llama.cpp, onnxruntime-genai and eager torch (MODEL: a folder of benchmarks/llm_models.py, "
+                         "or a Hugging Face folder with --gguf / --ort)")
+    p_bench.add_argument("--gguf", default=None, help="--llm: the GGUF Q4_0 file of the same weights")
+    p_bench.add_argument("--ort", default=None, help="--llm: the onnxruntime-genai int4 folder of the same weights")
+    p_bench.add_argument("--llama-bench", default=None, help="--llm: llama.cpp's llama-bench (default: "
+                         "$CUVIL_LLAMA_BENCH or PATH)")
     p_bench.add_argument("--torch", action="store_true", help="--registry: eager torch, torch.compile (Inductor) "
                          "and cuvil's PyTorch front end beside cuvil's ONNX path and onnxruntime (cuvil.bench_torch)")
     from cuvil import cli_onnx
@@ -283,6 +290,11 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, tune_cl
         if args.shapes and (args.ops or args.registry):
             parser.error("--shapes sets the input shapes of model files and cuvil.zoo models, not of --ops or "
                          "--registry")
+        if args.llm:
+            from cuvil.llm.bench import run as llm_run
+
+            return llm_run(args.llm, threads, gguf=args.gguf, ort=args.ort, llama_bench=args.llama_bench,
+                           repeats=min(args.rounds, 3))
         if args.ops:
             from cuvil.bench import run
 

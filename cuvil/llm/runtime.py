@@ -273,10 +273,14 @@ class Generator:
         self._run(self._check_ids([token]), len(self.tokens))
         return self.logits[0]
 
+    def greedy(self) -> int:
+        """The token of the largest logit of the last step (chosen by a kernel)."""
+        self._greedy()
+        return int(self._best[0])
+
     def _choose(self, rng: np.random.Generator | None, temperature: float, top_k: int, top_p: float) -> int:
         if rng is None:
-            self._greedy()
-            return int(self._best[0])
+            return self.greedy()
         z = self.logits[0].astype(np.float64) / temperature
         if 0 < top_k < z.size:
             cut = np.partition(z, -top_k)[-top_k]
