@@ -75,8 +75,9 @@ def convert(w: DecoderWeights, weights: str = "as-stored", group: int = 32) -> D
 
 
 def load(source: Any, weights: str = "as-stored", *, context: int | None = None, chunk: int = 64,
-         group: int = 32, target: Any = None) -> Generator:
+         group: int = 32, kv_cache: str = "float32", target: Any = None) -> Generator:
     """A :class:`~cuvil.llm.runtime.Generator` for ``source`` with ``weights`` ("as-stored", "fp32",
-    "int4", "int8"; int4 quantizes in groups of ``group``) and a cache of ``context`` positions."""
+    "int4", "int8"; int4 quantizes in groups of ``group``) and a cache of ``context`` positions
+    (``kv_cache``: "float32" or "int8")."""
     w = convert(read(source, max_context=context), weights, group)
-    return Generator(w, context=context, chunk=chunk, target=target)
+    return Generator(w, context=context, chunk=chunk, target=target, kv_cache=kv_cache)

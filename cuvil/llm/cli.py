@@ -26,6 +26,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--group", type=int, default=32, help="int4: the weights of a group share a scale")
     p.add_argument("--threads", type=int, default=None, help="threads (default: cuvil's)")
     p.add_argument("--context", type=int, default=None, help="positions the KV cache holds")
+    p.add_argument("--kv-cache", default="float32", choices=("float32", "int8"), help="the KV cache's values")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -60,7 +61,7 @@ def dispatch(args: argparse.Namespace) -> int | None:
         from cuvil.runtime.threads import set_num_threads
 
         set_num_threads(args.threads)
-    gen = load(args.model, args.weights, context=args.context, group=args.group)
+    gen = load(args.model, args.weights, context=args.context, group=args.group, kv_cache=args.kv_cache)
     for t in gen.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                           top_p=args.top_p, seed=args.seed):
         text = tok.decode([t]) if tok is not None else f"{t} "

@@ -57,13 +57,16 @@ def rms_norm(cfg: DecoderConfig, T: int, target: Any = None) -> Any:
     return build([x, gamma, y], target, "rms_norm")
 
 
-def rotary(cfg: DecoderConfig, T: int, target: Any = None) -> Any:
+def rotary(cfg: DecoderConfig, T: int, target: Any = None, kv: str = "float32") -> Any:
     """``(qkv float32 [T, (heads + 2 kv_heads) head_dim], cos float32 [T, head_dim / 2], sin (same),
     q float32 [T, heads, head_dim], k float32 [T, kv_heads, head_dim], v (same))``.
 
     The fused projection's row is split into the query, key and value heads; queries and keys are turned
     by their position's angles (pairs ``(i, i + head_dim / 2)``, as Hugging Face's ``rotate_half``); ``k``
-    and ``v`` are the cache's slots for these T tokens."""
+    and ``v`` are the cache's slots for these T tokens.
+
+    ``kv="int8"``: the cache holds int8 values with a float32 scale per (token, head) (``max|x| / 127``,
+    rounded to nearest), so the outputs are ``q, k int8, k_scale float32 [T, kv_heads], v int8, v_scale``."""
     H, G, D = cfg.heads, cfg.kv_heads, cfg.head_dim
     half = D // 2
     qkv = te.placeholder((T, (H + 2 * G) * D), name="qkv")
@@ -83,20 +86,43 @@ def rotary(cfg: DecoderConfig, T: int, target: Any = None) -> Any:
     q = te.compute((T, H, D), turned(0), name="q_rot")
     k = te.compute((T, G, D), turned(H * D), name="k_rot")
     v = te.compute((T, G, D), lambda t, g, d: qkv[t, (H + G) * D + g * D + d], name="v_new")
-    return build([qkv, cos, sin, q, k, v], target, "rotary")
+    if kv == "float32":
+        return build([qkv, cos, sin, q, k, v], target, "rotary")
+    k8, ks = _int8_rows(k, T, G, D, "k")
+    v8, vs = _int8_rows(v, T, G, D, "v")
+    return build([qkv, cos, sin, q, k8, ks, v8, vs], target, "rotary_int8")
 
 
-def attention(cfg: DecoderConfig, T: int, target: Any = None) -> Any:
+def _int8_rows(x: Any, T: int, G: int, D: int, name: str) -> tuple[Any, Any]:
+    """``x`` [T, G, D] as int8 values and a scale per (t, g): ``round(x / scale)``, ``scale = max|x| / 127``
+    (1 for a row of zeros)."""
+    d = te.reduce_axis((0, D), name=f"{name}d")
+    top = te.compute((T, G), lambda t, g: te.max(te.abs(x[t, g, d]), axis=d), name=f"{name}_absmax")
+    scale = te.compute((T, G), lambda t, g: te.if_then_else(top[t, g] > 0.0, top[t, g] * (1.0 / 127.0), 1.0),
+                       name=f"{name}_scale")
+    q = te.compute((T, G, D), lambda t, g, j: te.cast(te.cast(te.round(x[t, g, j] / scale[t, g]), "int32"),
+                                                      "int8"), name=f"{name}_int8")
+    return q, scale
+
+
+def attention(cfg: DecoderConfig, T: int, target: Any = None, kv: str = "float32") -> Any:
     """``(q float32 [T, heads, head_dim], k float32 [L, kv_heads, head_dim], v (same), o float32
     [T, heads * head_dim])`` with ``L`` a size variable: the T queries are the last T of the L positions;
     query t attends to key s when ``s <= L - T + t`` (causal) and, with a sliding window W, when
-    ``s > L - T + t - W``.  Head h reads key/value head ``h // (heads / kv_heads)``."""
+    ``s > L - T + t - W``.  Head h reads key/value head ``h // (heads / kv_heads)``.
+
+    ``kv="int8"``: ``(q, k int8 [L, kv_heads, head_dim], k_scale float32 [L, kv_heads], v int8, v_scale,
+    o)``: each key's products are summed in float32 and scaled once; each value's scale joins its
+    probability."""
     H, G, D = cfg.heads, cfg.kv_heads, cfg.head_dim
     per = H // G
     L = te.var("L")
     q = te.placeholder((T, H, D), name="q")
-    k = te.placeholder((L, G, D), name="k")
-    v = te.placeholder((L, G, D), name="v")
+    quant = kv == "int8"
+    k = te.placeholder((L, G, D), "int8" if quant else "float32", name="k")
+    v = te.placeholder((L, G, D), "int8" if quant else "float32", name="v")
+    ks = te.placeholder((L, G), name="k_scale") if quant else None
+    vs = te.placeholder((L, G), name="v_scale") if quant else None
     scale = 1.0 / math.sqrt(D)
     W = int(cfg.sliding_window)
 
@@ -105,7 +131,12 @@ def attention(cfg: DecoderConfig, T: int, target: Any = None) -> Any:
         return s <= last if not W else te.all(s <= last, s > last - W)
 
     d = te.reduce_axis((0, D), name="d")
-    dot = te.compute((T, H, L), lambda t, h, s: te.sum(q[t, h, d] * k[s, h // per, d], axis=d), name="dot")
+    if quant:
+        raw = te.compute((T, H, L), lambda t, h, s: te.sum(q[t, h, d] * te.cast(k[s, h // per, d], "float32"),
+                                                           axis=d), name="dot_raw")
+        dot = te.compute((T, H, L), lambda t, h, s: raw[t, h, s] * ks[s, h // per], name="dot")
+    else:
+        dot = te.compute((T, H, L), lambda t, h, s: te.sum(q[t, h, d] * k[s, h // per, d], axis=d), name="dot")
     s1 = te.reduce_axis((0, L), name="s1")
     top = te.compute((T, H), lambda t, h: te.max(dot[t, h, s1], axis=s1, where=visible(t, s1)), name="top")
     e = te.compute((T, H, L), lambda t, h, s: te.if_then_else(
@@ -113,8 +144,14 @@ def attention(cfg: DecoderConfig, T: int, target: Any = None) -> Any:
     s2 = te.reduce_axis((0, L), name="s2")
     den = te.compute((T, H), lambda t, h: te.sum(e[t, h, s2], axis=s2), name="den")
     s3 = te.reduce_axis((0, L), name="s3")
-    num = te.compute((T, H, D), lambda t, h, j: te.sum(e[t, h, s3] * v[s3, h // per, j], axis=s3), name="num")
+    if quant:
+        num = te.compute((T, H, D), lambda t, h, j: te.sum(
+            e[t, h, s3] * vs[s3, h // per] * te.cast(v[s3, h // per, j], "float32"), axis=s3), name="num")
+    else:
+        num = te.compute((T, H, D), lambda t, h, j: te.sum(e[t, h, s3] * v[s3, h // per, j], axis=s3), name="num")
     o = te.compute((T, H * D), lambda t, c: num[t, c // D, c % D] / den[t, c // D], name="attn")
+    if quant:
+        return build([q, k, ks, v, vs, o], target, "attention_int8")
     return build([q, k, v, o], target, "attention")
 
 

@@ -15,7 +15,8 @@
 then the final norm and the head on the last token, and the greedy choice (:func:`kernels.greedy`).  The
 cache of a layer is ``[capacity, kv_heads, head_dim]``, token-major, so the rows a step writes are one
 contiguous slice (the kernel's output argument points into the cache: no copy per token) and the rows
-attention reads are another (a size variable gives their count).  Every call is bound once
+attention reads are another (a size variable gives their count).  An int8 cache (``kv_cache="int8"``) holds
+int8 values and a scale per token and head, written by the same kernel.  Every call is bound once
 (:class:`cuvil.llm.call.Bound`); a step moves the cache slot pointers and the attended length, and runs.
 
 A prompt is taken ``chunk`` tokens at a time; a last part shorter than the chunk runs padded (the padding
@@ -100,9 +101,9 @@ class _Step:
         cos, sin = gen.cos[:T], gen.sin[:T]
         for i, layer in enumerate(w.layers):
             lin = gen.linears[i]
-            kc, vc = gen.kcache[i], gen.vcache[i]
-            r = Bound(rot, self.qkv, cos, sin, self.q, kc[:T], vc[:T])
-            a = Bound(attn, self.q, kc[:T], vc[:T], self.a)
+            cache = gen.cache[i]  # (k, v) or (k, k_scale, v, v_scale)
+            r = Bound(rot, self.qkv, cos, sin, self.q, *(c[:T] for c in cache))
+            a = Bound(attn, self.q, *(c[:T] for c in cache), self.a)
             self.rot.append(r)
             self.attn.append(a)
             self.calls += [
@@ -121,11 +122,10 @@ class _Step:
         T = self.T
         cos, sin = gen.cos[pos:pos + T], gen.sin[pos:pos + T]
         for i, (r, a) in enumerate(zip(self.rot, self.attn)):
-            kc, vc = gen.kcache[i], gen.vcache[i]
             r.point(1, cos)
             r.point(2, sin)
-            r.point(4, kc[pos:pos + T])
-            r.point(5, vc[pos:pos + T])
+            for j, c in enumerate(gen.cache[i]):
+                r.point(4 + j, c[pos:pos + T])
             a.size("L", pos + T)  # (the cache's base stays: the attended rows are its first pos + T)
         for c in self.calls:
             c()
@@ -137,12 +137,17 @@ class Generator:
     ``context``: the most positions the cache holds (default: the config's ``max_context``); ``chunk``:
     the tokens a prefill step takes; ``linear``: the factory of the weight contractions (default
     :func:`cuvil.llm.qlinear.linear`); ``activations``: "int8" or "float32" for the 4-bit weights' contractions
-    (default: the kernels' choice, int8 where the CPU has an exact 8-bit dot product)."""
+    (default: the kernels' choice, int8 where the CPU has an exact 8-bit dot product); ``kv_cache``:
+    "float32" or "int8" (a quarter of the bytes: int8 values and a float32 scale per token and head)."""
 
     def __init__(self, weights: DecoderWeights, *, context: int | None = None, chunk: int = 64,
-                 target: Any = None, linear: Callable[..., Any] | None = None, activations: str | None = None):
+                 target: Any = None, linear: Callable[..., Any] | None = None, activations: str | None = None,
+                 kv_cache: str = "float32"):
         cfg = weights.config
         self.activations = activations
+        if kv_cache not in ("float32", "int8"):
+            raise ArgumentError(f"kv_cache={kv_cache!r}: 'float32' or 'int8'")
+        self.kv_cache = kv_cache
         self.config, self.weights, self.target = cfg, weights, target
         self.context = int(context or cfg.max_context)
         self.chunk = max(1, min(int(chunk), self.context))
@@ -151,8 +156,14 @@ class Generator:
         self._linear = linear
         cap = self.context + self.chunk  # room for a padded chunk's rows past the context
         G, D = cfg.kv_heads, cfg.head_dim
-        self.kcache = [np.zeros((cap, G, D), np.float32) for _ in range(cfg.layers)]
-        self.vcache = [np.zeros((cap, G, D), np.float32) for _ in range(cfg.layers)]
+        if kv_cache == "int8":
+            def layer() -> tuple[np.ndarray, ...]:
+                return (np.zeros((cap, G, D), np.int8), np.ones((cap, G), np.float32),
+                        np.zeros((cap, G, D), np.int8), np.ones((cap, G), np.float32))
+        else:
+            def layer() -> tuple[np.ndarray, ...]:
+                return (np.zeros((cap, G, D), np.float32), np.zeros((cap, G, D), np.float32))
+        self.cache = [layer() for _ in range(cfg.layers)]
         self.cos, self.sin = _rope_tables(cfg, cap)
         self.table = self._table()
         self._kernels: dict[tuple[str, int], Any] = {}
@@ -180,7 +191,8 @@ class Generator:
         """The compiled kernel ``name`` of :mod:`cuvil.llm.kernels` for steps of T tokens (built once)."""
         key = (name, T)
         if key not in self._kernels:
-            self._kernels[key] = getattr(K, name)(self.config, T, self.target)
+            extra = {"kv": self.kv_cache} if name in ("rotary", "attention") else {}
+            self._kernels[key] = getattr(K, name)(self.config, T, self.target, **extra)
         return self._kernels[key]
 
     def _layer_linears(self, i: int, L: Any) -> dict[str, Callable[[int, Any], Any]]:
