@@ -74,59 +74,83 @@ class Stats:
         return self.new_tokens / self.decode_s if self.decode_s else 0.0
 
 
-class _Step:
-    """The kernels and buffers of a step of T tokens, bound once."""
+class _Sequence:
+    """A sequence's KV cache (per layer: ``(k, v)`` or, int8, ``(k, k_scale, v, v_scale)``) and the tokens
+    it holds."""
 
-    def __init__(self, gen: Generator, T: int):
+    def __init__(self, gen: Generator):
+        cfg = gen.config
+        cap, G, D = gen.context + gen.chunk, cfg.kv_heads, cfg.head_dim  # room for a padded chunk's rows
+        if gen.kv_cache == "int8":
+            def layer() -> tuple[np.ndarray, ...]:
+                return (np.zeros((cap, G, D), np.int8), np.ones((cap, G), np.float32),
+                        np.zeros((cap, G, D), np.int8), np.ones((cap, G), np.float32))
+        else:
+            def layer() -> tuple[np.ndarray, ...]:
+                return (np.zeros((cap, G, D), np.float32), np.zeros((cap, G, D), np.float32))
+        self.cache = [layer() for _ in range(cfg.layers)]
+        self.tokens: list[int] = []
+
+
+class _Step:
+    """The kernels and buffers of a step of T tokens of each of B sequences, bound once: the weight
+    contractions take the B * T rows together, rotary and attention each sequence's rows and cache."""
+
+    def __init__(self, gen: Generator, T: int, B: int = 1):
         cfg, w = gen.config, gen.weights
         H, G, D, F = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn
-        self.T = T
+        self.T, self.B = T, B
+        R = T * B
         f32 = np.float32
-        self.ids = np.zeros(T, np.int32)
-        self.x = np.zeros((T, cfg.hidden), f32)
-        self.x2 = np.zeros((T, cfg.hidden), f32)
-        self.h = np.zeros((T, cfg.hidden), f32)
-        self.qkv = np.zeros((T, (H + 2 * G) * D), f32)
-        self.q = np.zeros((T, H, D), f32)
-        self.a = np.zeros((T, H * D), f32)
-        self.gu = np.zeros((T, 2 * F), f32)
-        self.act = np.zeros((T, F), f32)
-        tk = gen.target
-        norm, rot = gen.kernel("rms_norm", T), gen.kernel("rotary", T)
-        attn, gact = gen.kernel("attention", T), gen.kernel("gated_act", T)
-        self.embed = Bound(gen.kernel("embed", T), self.ids, gen.table, self.x)
-        self.rot: list[Bound] = []
-        self.attn: list[Bound] = []
-        self.calls: list[Callable[[], None] | tuple[str, int]] = [self.embed]
+        self.ids = np.zeros(R, np.int32)
+        self.x = np.zeros((R, cfg.hidden), f32)
+        self.x2 = np.zeros((R, cfg.hidden), f32)
+        self.h = np.zeros((R, cfg.hidden), f32)
+        self.qkv = np.zeros((R, (H + 2 * G) * D), f32)
+        self.q = np.zeros((R, H, D), f32)
+        self.a = np.zeros((R, H * D), f32)
+        self.gu = np.zeros((R, 2 * F), f32)
+        self.act = np.zeros((R, F), f32)
+        norm, rot = gen.kernel("rms_norm", R), gen.kernel("rotary", T)
+        attn, gact = gen.kernel("attention", T), gen.kernel("gated_act", R)
+        self.embed = Bound(gen.kernel("embed", R), self.ids, gen.table, self.x)
+        self.rot: list[list[Bound]] = []  # [layer][sequence]
+        self.attn: list[list[Bound]] = []
+        self.calls: list[Callable[[], None]] = [self.embed]
         cos, sin = gen.cos[:T], gen.sin[:T]
+        cache = gen.sequence.cache
         for i, layer in enumerate(w.layers):
             lin = gen.linears[i]
-            cache = gen.cache[i]  # (k, v) or (k, k_scale, v, v_scale)
-            r = Bound(rot, self.qkv, cos, sin, self.q, *(c[:T] for c in cache))
-            a = Bound(attn, self.q, *(c[:T] for c in cache), self.a)
-            self.rot.append(r)
-            self.attn.append(a)
+            rows = [slice(b * T, (b + 1) * T) for b in range(B)]
+            rs = [Bound(rot, self.qkv[r], cos, sin, self.q[r], *(c[:T] for c in cache[i])) for r in rows]
+            ats = [Bound(attn, self.q[r], *(c[:T] for c in cache[i]), self.a[r]) for r in rows]
+            self.rot.append(rs)
+            self.attn.append(ats)
             self.calls += [
                 Bound(norm, self.x, layer.attn_norm, self.h),
-                lin["qkv"](T, tk).bind(self.h, self.qkv),
-                r, a,
-                lin["o"](T, tk).bind(self.a, self.x2, self.x),
+                lin["qkv"](R).bind(self.h, self.qkv),
+                *(c for pair in zip(rs, ats) for c in pair),
+                lin["o"](R).bind(self.a, self.x2, self.x),
                 Bound(norm, self.x2, layer.ffn_norm, self.h),
-                lin["gu"](T, tk).bind(self.h, self.gu),
+                lin["gu"](R).bind(self.h, self.gu),
                 Bound(gact, self.gu, self.act),
-                lin["down"](T, tk).bind(self.act, self.x, self.x2),
+                lin["down"](R).bind(self.act, self.x, self.x2),
             ]
 
-    def run(self, gen: Generator, pos: int) -> None:
-        """The step for tokens ``self.ids`` at positions ``pos .. pos + T - 1``."""
+    def run(self, gen: Generator, seqs: Sequence[_Sequence], positions: Sequence[int]) -> None:
+        """The step for tokens ``self.ids``: sequence b's T tokens at positions ``positions[b] ..
+        positions[b] + T - 1`` of its cache."""
         T = self.T
-        cos, sin = gen.cos[pos:pos + T], gen.sin[pos:pos + T]
-        for i, (r, a) in enumerate(zip(self.rot, self.attn)):
-            r.point(1, cos)
-            r.point(2, sin)
-            for j, c in enumerate(gen.cache[i]):
-                r.point(4 + j, c[pos:pos + T])
-            a.size("L", pos + T)  # (the cache's base stays: the attended rows are its first pos + T)
+        for b, (seq, pos) in enumerate(zip(seqs, positions)):
+            cos, sin = gen.cos[pos:pos + T], gen.sin[pos:pos + T]
+            for i in range(len(self.rot)):
+                r, a = self.rot[i][b], self.attn[i][b]
+                r.point(1, cos)
+                r.point(2, sin)
+                for j, c in enumerate(seq.cache[i]):
+                    r.point(4 + j, c[pos:pos + T])
+                    a.point(1 + j, c[:T])  # (the base: the attended rows are the first pos + T)
+                a.size("L", pos + T)
         for c in self.calls:
             c()
 
@@ -154,23 +178,14 @@ class Generator:
         if linear is None:
             from cuvil.llm.qlinear import linear
         self._linear = linear
-        cap = self.context + self.chunk  # room for a padded chunk's rows past the context
-        G, D = cfg.kv_heads, cfg.head_dim
-        if kv_cache == "int8":
-            def layer() -> tuple[np.ndarray, ...]:
-                return (np.zeros((cap, G, D), np.int8), np.ones((cap, G), np.float32),
-                        np.zeros((cap, G, D), np.int8), np.ones((cap, G), np.float32))
-        else:
-            def layer() -> tuple[np.ndarray, ...]:
-                return (np.zeros((cap, G, D), np.float32), np.zeros((cap, G, D), np.float32))
-        self.cache = [layer() for _ in range(cfg.layers)]
+        cap = self.context + self.chunk
+        self.sequence = _Sequence(self)  # the one prefill, decode and generate use
         self.cos, self.sin = _rope_tables(cfg, cap)
         self.table = self._table()
         self._kernels: dict[tuple[str, int], Any] = {}
         self._compiled: dict[tuple[int, str, int], Any] = {}
         self.linears = [self._layer_linears(i, L) for i, L in enumerate(weights.layers)]
-        self._steps: dict[int, _Step] = {}
-        self.tokens: list[int] = []  # the tokens whose keys and values the cache holds, in order
+        self._steps: dict[tuple[int, int], _Step] = {}
         self.logits = np.zeros((1, cfg.vocab), np.float32)
         self._last = np.zeros((1, cfg.hidden), np.float32)
         self._normed = np.zeros((1, cfg.hidden), np.float32)
@@ -195,7 +210,7 @@ class Generator:
             self._kernels[key] = getattr(K, name)(self.config, T, self.target, **extra)
         return self._kernels[key]
 
-    def _layer_linears(self, i: int, L: Any) -> dict[str, Callable[[int, Any], Any]]:
+    def _layer_linears(self, i: int, L: Any) -> dict[str, Callable[[int], Any]]:
         """Per projection, a function of (T, target) giving the compiled contraction (built once per T)."""
         cfg = self.config
         qkv_bias = None
@@ -208,10 +223,10 @@ class Generator:
         plan = {"qkv": (stack(L.q, L.k, L.v), False, qkv_bias), "o": (L.o, True, None),
                 "gu": (stack(L.gate, L.up), False, None), "down": (L.down, True, None)}
 
-        def maker(name: str) -> Callable[[int, Any], Any]:
+        def maker(name: str) -> Callable[[int], Any]:
             weight, residual, bias = plan[name]
 
-            def make(T: int, target: Any) -> Any:
+            def make(T: int) -> Any:
                 key = (i, name, T)
                 if key not in self._compiled:
                     self._compiled[key] = self._make_linear(weight, T, residual=residual, bias=bias)
@@ -223,16 +238,21 @@ class Generator:
         extra = {"activations": self.activations} if self.activations and isinstance(weight, Q4) else {}
         return self._linear(weight, T, self.target, residual=residual, bias=bias, **extra)
 
-    def step(self, T: int) -> _Step:
-        if T not in self._steps:
-            self._steps[T] = _Step(self, T)
-        return self._steps[T]
+    def step(self, T: int, B: int = 1) -> _Step:
+        if (T, B) not in self._steps:
+            self._steps[T, B] = _Step(self, T, B)
+        return self._steps[T, B]
 
     # -- running -----------------------------------------------------------------------------------------
 
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens whose keys and values the cache holds, in order."""
+        return self.sequence.tokens
+
     def reset(self) -> None:
         """Forget the cached tokens (the next prompt starts at position 0)."""
-        self.tokens = []
+        self.sequence.tokens = []
 
     def _check_ids(self, ids: Sequence[int]) -> list[int]:
         out = [int(t) for t in ids]
@@ -256,13 +276,13 @@ class Generator:
             part = ids[i:i + T]
             step.ids[:len(part)] = part
             step.ids[len(part):] = 0
-            step.run(self, pos + i)
+            step.run(self, [self.sequence], [pos + i])
             last = len(part) - 1
             i += len(part)
         self._last[0] = step.x[last]
         self._final()
         self._head_call()
-        self.tokens = self.tokens[:pos] + ids
+        self.sequence.tokens = self.sequence.tokens[:pos] + ids
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
         """Run a prompt and return the logits of its last token; the cache keeps the prompt's tokens that
@@ -276,7 +296,7 @@ class Generator:
                 break
             keep += 1
         keep = min(keep, len(ids) - 1)  # the last token runs again: its logits are the answer
-        self.tokens = self.tokens[:keep]
+        self.sequence.tokens = self.sequence.tokens[:keep]
         self._run(ids[keep:], keep)
         return self.logits[0]
 
@@ -290,10 +310,11 @@ class Generator:
         self._greedy()
         return int(self._best[0])
 
-    def _choose(self, rng: np.random.Generator | None, temperature: float, top_k: int, top_p: float) -> int:
+    def _choose(self, rng: np.random.Generator | None, temperature: float, top_k: int, top_p: float,
+                logits: np.ndarray | None = None, greedy: Callable[[], int] | None = None) -> int:
         if rng is None:
-            return self.greedy()
-        z = self.logits[0].astype(np.float64) / temperature
+            return (greedy or self.greedy)()
+        z = (self.logits[0] if logits is None else logits).astype(np.float64) / temperature
         if 0 < top_k < z.size:
             cut = np.partition(z, -top_k)[-top_k]
             z = np.where(z >= cut, z, -np.inf)
@@ -331,3 +352,79 @@ class Generator:
             tok = self._choose(rng, temperature, top_k, top_p)
             self.stats.new_tokens = n + 1
             self.stats.decode_s = time.perf_counter() - t1
+
+    # -- batches -----------------------------------------------------------------------------------------
+
+    def _batch_head(self, step: _Step) -> tuple[np.ndarray, list[Callable[[], int]], Callable[[], None]]:
+        """For a decode step of B sequences: the logits [B, vocab], a greedy choice per row, and the call
+        that fills the logits (final norm and head over the B rows)."""
+        B = step.B
+        key = ("head", B)
+        if key not in self._kernels:
+            cfg = self.config
+            normed = np.zeros((B, cfg.hidden), np.float32)
+            logits = np.zeros((B, cfg.vocab), np.float32)
+            best = np.zeros((B, 1), np.int32)
+            norm = Bound(self.kernel("rms_norm", B), step.x, self.weights.norm, normed)
+            head = self._make_linear(self.weights.head, B, residual=False, bias=None).bind(normed, logits)
+            pick = self._greedy.module
+
+            def chooser(b: int) -> Callable[[], int]:
+                bound = Bound(pick, logits[b:b + 1], best[b])
+
+                def choose() -> int:
+                    bound()
+                    return int(best[b, 0])
+                return choose
+
+            def fill() -> None:
+                norm()
+                head()
+            self._kernels[key] = (logits, [chooser(b) for b in range(B)], fill)
+        return self._kernels[key]
+
+    def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32, temperature: float = 0.0,
+                       top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                       stop: Sequence[int] | None = None) -> list[list[int]]:
+        """New tokens for several prompts of any lengths: each prompt is prefilled into a cache of its own,
+        then every decode step takes one token of each sequence (the weight contractions read the weights
+        once for all of them).  A sequence that stopped (``stop`` tokens, as :meth:`generate`) still fills
+        its row (padding) until all have; its list ends at its stop token."""
+        if not prompts:
+            return []
+        stops = set(self.config.eos if stop is None else stop)
+        rng = None if temperature <= 0 else np.random.default_rng(seed)
+        B = len(prompts)
+        mine = self.sequence
+        seqs = [_Sequence(self) for _ in range(B)]
+        out: list[list[int]] = []
+        try:
+            for seq, ids in zip(seqs, prompts):
+                self.sequence = seq
+                self.prefill(ids)
+                out.append([self._choose(rng, temperature, top_k, top_p)])
+        finally:
+            self.sequence = mine
+        done = [o[-1] in stops or max_new_tokens <= 1 for o in out]
+        if max_new_tokens < 1:
+            return [[] for _ in out]
+        if all(done):
+            return out
+        step = self.step(1, B)
+        logits, choose, fill = self._batch_head(step)
+        for _ in range(max_new_tokens - 1):
+            positions = [len(seq.tokens) for seq in seqs]
+            if max(positions) >= self.context:
+                break
+            step.ids[:] = [o[-1] for o in out]
+            step.run(self, seqs, positions)
+            fill()
+            for b, seq in enumerate(seqs):
+                seq.tokens.append(int(step.ids[b]))
+                tok = self._choose(rng, temperature, top_k, top_p, logits[b], choose[b])
+                if not done[b]:
+                    out[b].append(tok)
+                    done[b] = tok in stops or len(out[b]) >= max_new_tokens
+            if all(done):
+                break
+        return out
