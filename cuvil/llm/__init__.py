@@ -4,6 +4,23 @@ updated in place and a generation loop.  See docs/llm.md."""
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from cuvil.llm.weights import Q4, Q8, DecoderConfig, DecoderWeights, Dense, LayerWeights
 
-__all__ = ["Q4", "Q8", "DecoderConfig", "DecoderWeights", "Dense", "LayerWeights"]
+_LAZY = {"load": ("cuvil.llm.api", "load"), "read": ("cuvil.llm.api", "read"),
+         "Generator": ("cuvil.llm.runtime", "Generator"), "quantize": ("cuvil.llm.quantize", "quantize")}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        mod, attr = _LAZY[name]
+        value = getattr(importlib.import_module(mod), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'cuvil.llm' has no attribute {name!r}")
+
+
+__all__ = ["Q4", "Q8", "DecoderConfig", "DecoderWeights", "Dense", "Generator", "LayerWeights", "load", "quantize",
+           "read"]
