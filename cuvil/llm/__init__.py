@@ -10,7 +10,9 @@ from typing import Any
 from cuvil.llm.weights import Q4, Q8, DecoderConfig, DecoderWeights, Dense, LayerWeights
 
 _LAZY = {"load": ("cuvil.llm.api", "load"), "read": ("cuvil.llm.api", "read"),
-         "Generator": ("cuvil.llm.runtime", "Generator"), "quantize": ("cuvil.llm.quantize", "quantize")}
+         "Generator": ("cuvil.llm.runtime", "Generator"), "quantize": ("cuvil.llm.quantize", "quantize"),
+         "quantize_weight": ("cuvil.llm.quantize", "quantize_weight"), "from_hf": ("cuvil.llm.hf", "from_hf"),
+         "from_gguf": ("cuvil.llm.gguf", "from_gguf"), "from_onnx_genai": ("cuvil.llm.onnx_genai", "from_onnx_genai")}
 
 
 def __getattr__(name: str) -> Any:
@@ -22,5 +24,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'cuvil.llm' has no attribute {name!r}")
 
 
-__all__ = ["Q4", "Q8", "DecoderConfig", "DecoderWeights", "Dense", "Generator", "LayerWeights", "load", "quantize",
-           "read"]
+__all__ = ["Q4", "Q8", "DecoderConfig", "DecoderWeights", "Dense", "Generator", "LayerWeights", "from_gguf", "from_hf",
+           "from_onnx_genai", "load", "quantize", "quantize_weight", "read"]

@@ -62,7 +62,8 @@ def _context(w: DecoderWeights, max_context: int | None) -> DecoderWeights:
 
 
 def convert(w: DecoderWeights, weights: str = "as-stored", group: int = 32) -> DecoderWeights:
-    """``w`` with the weights asked for (see the module's docstring)."""
+    """``w`` with the weights asked for (see the module's docstring): int4 in groups of ``group``, int8 with
+    a scale per row."""
     if weights not in WEIGHTS:
         raise ArgumentError(f"weights={weights!r}: choose one of {', '.join(WEIGHTS)}")
     if weights == "as-stored":
@@ -71,7 +72,7 @@ def convert(w: DecoderWeights, weights: str = "as-stored", group: int = 32) -> D
         return w.with_linears(lambda _n, x: x if isinstance(x, Dense) else Dense(x.dequantize()))
     from cuvil.llm.quantize import quantize
 
-    return quantize(w, bits=4 if weights == "int4" else 8, group=group)
+    return quantize(w, bits=4, group=group) if weights == "int4" else quantize(w, bits=8)
 
 
 def load(source: Any, weights: str = "as-stored", *, context: int | None = None, chunk: int = 64,
