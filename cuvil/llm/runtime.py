@@ -49,8 +49,11 @@ def _rope_tables(cfg: DecoderConfig, n: int) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin of every position's angles [n, head_dim / 2], in float32 as Hugging Face computes them
     (a constant of the model, computed once)."""
     D = cfg.head_dim
-    inv = (1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, D, 2, dtype=np.int64).astype(np.float32) / D)))
-    inv = inv.astype(np.float32)
+    if cfg.rope_inv_freq is not None:
+        inv = np.asarray(cfg.rope_inv_freq, np.float32)
+    else:
+        inv = (1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, D, 2, dtype=np.int64).astype(np.float32) / D)))
+        inv = inv.astype(np.float32)
     ang = np.arange(n, dtype=np.float32)[:, None] * inv[None, :]
     return np.ascontiguousarray(np.cos(ang), np.float32), np.ascontiguousarray(np.sin(ang), np.float32)
 

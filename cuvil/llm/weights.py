@@ -142,7 +142,9 @@ class DecoderConfig:
 
     ``norm_offset``: RMSNorm multiplies by ``norm_offset + gamma`` (Gemma: 1); ``embed_scale``: the token
     embedding is multiplied by it (Gemma: sqrt(hidden)); ``act``: "silu" or "gelu_tanh" on the gate;
-    ``sliding_window``: a token attends to at most that many positions (itself included), 0 = all."""
+    ``sliding_window``: a token attends to at most that many positions (itself included), 0 = all;
+    ``rope_inv_freq``: the rotary inverse frequencies (head_dim / 2 of them) when a scaling rule (LLaMA 3's,
+    linear, ...) changes them, else None (``theta ** (-2i / head_dim)``)."""
 
     vocab: int
     hidden: int
@@ -162,12 +164,16 @@ class DecoderConfig:
     family: str = "llama"
     bos: int | None = None
     eos: tuple[int, ...] = ()
+    rope_inv_freq: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.heads % self.kv_heads:
             raise ModelError(f"{self.heads} attention heads are not a multiple of {self.kv_heads} key/value heads")
         if self.head_dim % 2:
             raise ModelError(f"head_dim {self.head_dim} must be even (rotary pairs)")
+        if self.rope_inv_freq is not None and len(self.rope_inv_freq) != self.head_dim // 2:
+            raise ModelError(f"{len(self.rope_inv_freq)} rotary frequencies for head_dim {self.head_dim}; expected "
+                             f"{self.head_dim // 2}")
         if self.act not in ("silu", "gelu_tanh"):
             raise ModelError(f"activation {self.act!r}: cuvil's decoders take 'silu' or 'gelu_tanh'")
 
