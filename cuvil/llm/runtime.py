@@ -241,6 +241,12 @@ class Generator:
         extra = {"activations": self.activations} if self.activations and isinstance(weight, Q4) else {}
         return self._linear(weight, T, self.target, residual=residual, bias=bias, **extra)
 
+    def compile(self) -> Generator:
+        """Build the prefill and decode steps now (otherwise the first prompt builds them)."""
+        self.step(self.chunk)
+        self.step(1)
+        return self
+
     def step(self, T: int, B: int = 1) -> _Step:
         if (T, B) not in self._steps:
             self._steps[T, B] = _Step(self, T, B)
