@@ -18,7 +18,10 @@ Elsewhere (and for scalars) it is the byte arithmetic: :func:`dot4_bytes`.
 An x86 CPU without VNNI has no exact 8-bit dot product (``vpmaddubsw`` clamps its 16-bit pair sums), so
 the integer contraction widens its bytes to 16 bits when it packs them, two reduction steps per int32,
 and sums ``dot2_i16``: ``acc + dot2_i16(u, s)`` is ``vpmaddwd`` (``llvm.x86.avx2.pmadd.wd``,
-``llvm.x86.sse2.pmadd.wd``, ``llvm.x86.avx512.pmaddw.d.512``) and an add, which never saturate.
+``llvm.x86.sse2.pmadd.wd``, ``llvm.x86.avx512.pmaddw.d.512``) and an add, which never saturate.  Where
+the unsigned operand of a ``dot4_u8s8`` is ``x & c`` with every byte of ``c`` below 128 (4-bit weights:
+``w & 0x0F0F0F0F``), ``vpmaddubsw`` cannot saturate (``2 * 127 * 128 < 32767``) and the code generator
+emits it and a ``vpmaddwd`` by ones (:func:`dot4_pmaddubsw`) instead of the byte arithmetic.
 
 ``acc + dot2_bf16(u, s)`` (float32 lanes) becomes x86's ``vdpbf16ps`` (``avx512bf16``; at 256 and 128
 bits with ``avx512vl``): ``llvm.x86.avx512bf16.dpbf16ps.{512,256,128}``, whose operands are vectors of
@@ -111,15 +114,17 @@ def dot4_bytes(b: ir.IRBuilder, u: ir.Value, s: ir.Value, u_signed: bool = False
     return total if n > 1 else b.extract_element(total, ir.Constant(I32, 0))
 
 
-def dot4_vector(b: ir.IRBuilder, target: Any, name: str, u: ir.Value, s: ir.Value, acc: ir.Value | None
-                ) -> ir.Value:
+def dot4_vector(b: ir.IRBuilder, target: Any, name: str, u: ir.Value, s: ir.Value, acc: ir.Value | None,
+                u_small: bool = False) -> ir.Value:
     """``acc + dot4(u, s)`` (``acc`` None: 0) over vectors of int32 lanes: one intrinsic per register of
-    lanes where ``target`` has the instruction (the lanes split and joined by shuffles), the byte
-    arithmetic otherwise."""
+    lanes where ``target`` has the instruction (the lanes split and joined by shuffles); without one,
+    ``vpmaddubsw`` + ``vpmaddwd`` when ``u_small`` says that every byte of ``u`` is below 128
+    (:func:`dot4_pmaddubsw`), the byte arithmetic otherwise."""
     n = u.type.count
     width = dot4_width(target, name, n)
     if width is None:
-        d = dot4_bytes(b, u, s, *DOT4_KINDS[name])
+        pw = pmaddubsw_width(target, n) if name == "dot4_u8s8" and u_small else None
+        d = dot4_bytes(b, u, s, *DOT4_KINDS[name]) if pw is None else dot4_pmaddubsw(b, pw, u, s)
         return d if acc is None else b.add(acc, d)
     if acc is None:
         acc = ir.Constant(u.type, None)  # zeroinitializer
@@ -277,12 +282,56 @@ def dot2_bf16_vector(b: ir.IRBuilder, target: Any, u: ir.Value, s: ir.Value, acc
                                                               b.bitcast(_lanes(b, s, lo, width), bt)]))
 
 
-def dot_vector(b: ir.IRBuilder, target: Any, name: str, u: ir.Value, s: ir.Value, acc: ir.Value | None
-               ) -> ir.Value:
+def dot_vector(b: ir.IRBuilder, target: Any, name: str, u: ir.Value, s: ir.Value, acc: ir.Value | None,
+               u_small: bool = False) -> ir.Value:
     """``acc + name(u, s)`` over vectors of lanes for any packed dot-product call (``dot4_*``,
-    ``dot2_bf16``)."""
+    ``dot2_bf16``); ``u_small``: every byte of ``u`` is below 128 (see :func:`dot4_vector`)."""
     if name == DOT2_BF16:
         return dot2_bf16_vector(b, target, u, s, acc)
     if name == DOT2_I16:
         return dot2_i16_vector(b, target, u, s, acc)
-    return dot4_vector(b, target, name, u, s, acc)
+    return dot4_vector(b, target, name, u, s, acc, u_small)
+
+
+# -- unsigned bytes below 128 without VNNI -----------------------------------------------------------------
+
+
+def pmaddubsw_width(target: Any, lanes: int) -> int | None:
+    """The int32 lanes of the ``vpmaddubsw`` + ``vpmaddwd`` pair that computes ``lanes`` lanes of
+    ``dot4_u8s8`` on ``target`` (16 with AVX512-BW, 8 with AVX2, 4 with SSSE3), None elsewhere."""
+    feats = set(getattr(target, "enabled_features", ()))
+    if not str(getattr(target, "triple", "")).startswith("x86_64"):
+        return None
+    widths = ([16] if "avx512bw" in feats else []) + ([8] if "avx2" in feats else []) + \
+        ([4] if "ssse3" in feats else [])
+    for w in widths:
+        if lanes % w == 0 and not (lanes // w) & (lanes // w - 1):
+            return w
+    return None
+
+
+_PMADDUBSW = {16: "llvm.x86.avx512.pmaddubs.w.512", 8: "llvm.x86.avx2.pmadd.ub.sw",
+              4: "llvm.x86.ssse3.pmadd.ub.sw.128"}
+
+
+def dot4_pmaddubsw(b: ir.IRBuilder, width: int, u: ir.Value, s: ir.Value) -> ir.Value:
+    """``dot4_u8s8(u, s)`` over vectors of int32 lanes whose ``u`` bytes are all below 128 (a mask
+    such as ``w & 0x0F0F0F0F`` says so): ``vpmaddubsw`` (unsigned x signed bytes, pairs summed in 16 bits
+    with saturation, which cannot happen here: ``2 * 127 * 128 < 32767``) and ``vpmaddwd`` by ones (the
+    16-bit pairs summed in 32 bits), per register of ``width`` lanes: exact, where the byte arithmetic
+    (:func:`dot4_bytes`) takes a dozen instructions."""
+    n = u.type.count
+    bt = ir.VectorType(ir.IntType(8), 4 * width)
+    ht = ir.VectorType(ir.IntType(16), 2 * width)
+    vt = ir.VectorType(I32, width)
+    f1 = b.module.globals.get(_PMADDUBSW[width]) or ir.Function(b.module, ir.FunctionType(ht, [bt, bt]),
+                                                                 _PMADDUBSW[width])
+    f2 = b.module.globals.get(_PMADDWD[width]) or ir.Function(b.module, ir.FunctionType(vt, [ht, ht]),
+                                                               _PMADDWD[width])
+    ones = ir.Constant(ht, [1] * (2 * width))
+
+    def one(lo: int) -> ir.Value:
+        pairs = b.call(f1, [b.bitcast(_lanes(b, u, lo, width), bt), b.bitcast(_lanes(b, s, lo, width), bt)])
+        return b.call(f2, [pairs, ones])
+
+    return _per_register(b, n, width, one)

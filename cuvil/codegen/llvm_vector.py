@@ -431,7 +431,7 @@ class VectorLoops:
     def vdot4(self, e: Call, acc: ir.Value | None) -> ir.Value:
         """``acc + dot4(u, s)`` (or ``dot2_bf16``) over the lanes (:func:`cuvil.codegen.llvm_dot.dot_vector`)."""
         u, s = self.vec(self.vexpr(e.args[0])), self.vec(self.vexpr(e.args[1]))
-        return dot_vector(self.builder, self.target, e.name, u, s, acc)
+        return dot_vector(self.builder, self.target, e.name, u, s, acc, _bytes_below_128(e.args[0]))
 
     def vec(self, x: Lanes) -> ir.Value:
         """``x`` as a vector value."""
@@ -622,3 +622,13 @@ class VectorLoops:
         if dtype == "bool":
             return b.icmp_unsigned("!=", v, ir.Constant(v.type, 0))
         return v
+
+
+def _bytes_below_128(e: Expr) -> bool:
+    """Whether every byte of the int32 ``e`` is below 128: ``x & c`` with no byte of ``c`` above 127
+    (the 4-bit weights' ``w & 0x0F0F0F0F``)."""
+    if isinstance(e, Binary) and e.op == "and":
+        for c in (e.a, e.b):
+            if isinstance(c, Const) and isinstance(c.value, int) and not int(c.value) & 0x80808080:
+                return True
+    return False
