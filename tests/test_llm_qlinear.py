@@ -179,6 +179,25 @@ def test_residual_and_bias(kind: str, rows: int) -> None:
            bias)
 
 
+@pytest.mark.parametrize("kind", ["q4", "q4-float32", "q8", "dense"])
+def test_tile_schedules_are_proved_legal(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builds trust the tile schedules (legal by construction, qlinear_kernels.PROVE); here isl proves
+    each kind's once (rows 1 and 4, a residual and a bias: every stage the programs have)."""
+    from cuvil.llm import qlinear, qlinear_kernels
+
+    monkeypatch.setattr(qlinear_kernels, "PROVE", True)
+    monkeypatch.setattr(qlinear, "_MODULES", {})  # (a program compiled untrusted must be built again)
+    rng = np.random.default_rng(11)
+    k, n = 64, 24
+    w = {"q4": lambda: _q4(rng, n, k, 32, True), "q4-float32": lambda: _q4(rng, n, k, 32, False),
+         "q8": lambda: _q8(rng, n, k, 32), "dense": lambda: Dense(rng.standard_normal((n, k), dtype=np.float32))}[kind]()
+    for rows in (1, 4):
+        bias = rng.standard_normal(n, dtype=np.float32)
+        L = linear(w, rows, residual=True, bias=bias, activations="float32" if kind == "q4-float32" else None)
+        _check(L, rng.standard_normal((rows, k), dtype=np.float32),
+               rng.standard_normal((rows, n), dtype=np.float32), bias)
+
+
 def test_bound_call_sees_x_changed_in_place_and_two_threads_agree() -> None:
     rng = np.random.default_rng(3)
     L = linear(_q4(rng, 256, 256, 32, True), 1)

@@ -114,8 +114,24 @@ def dot_signs(target: Any) -> str:
 # -- the kernels ------------------------------------------------------------------------------------------
 
 
+# whether isl proves the tile schedules: they are legal by construction (a contraction's output split into
+# panels and row tiles, its sums at each tile), so the build skips the proof, as for the automatic
+# scheduler's strategies; tests/test_llm_qlinear.py builds each kind once with PROVE = True
+PROVE = False
+
+
 def schedule_tile(s: Any, out: te.Tensor, y: te.Tensor, inner: te.Tensor | None, tile: Tile, red: list[Any],
                   unroll_k: int = 1, max_t: int = 4) -> None:
+    """:func:`_tile_steps`, trusted (see :data:`PROVE`)."""
+    s.prove_deferred = PROVE
+    with s.deferred_checks([s[out]]):
+        _tile_steps(s, out, y, inner, tile, red, unroll_k, max_t)
+    if not PROVE:
+        s.trusted_steps = len(s.trace)
+
+
+def _tile_steps(s: Any, out: te.Tensor, y: te.Tensor, inner: te.Tensor | None, tile: Tile, red: list[Any],
+                unroll_k: int = 1, max_t: int = 4) -> None:
     """``out`` in panels of ``tile.pt`` columns (parallel) and tiles of ``tile.mr`` rows; ``y`` (its sum
     over groups) at each tile, ``inner`` (the per-group sum, reduction axes ``red``) at each group of ``y``,
     both vectorised over the columns with every other loop of the tile unrolled (``y``'s reduction split
