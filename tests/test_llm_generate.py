@@ -1,6 +1,6 @@
 """cuvil.llm's generation against eager transformers: greedy tokens of fp32 models equal torch's exactly
-(LLaMA with grouped-query attention, Mistral's sliding window, Qwen2's biases, Gemma's norms and
-activation), prompts across chunk boundaries, prefix caching, and 4-bit weights against the same weights
+(LLaMA with grouped-query attention, Mistral's sliding window, Qwen2's biases, Phi-3's fused projections,
+Gemma's norms and activation), prompts across chunk boundaries, prefix caching, and 4-bit weights against the same weights
 dequantized."""
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ def _model(family: str, **kw: object) -> object:
             for layer in m.model.layers:
                 for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     p.bias.normal_(0, 0.5)
+    elif family == "phi3":
+        m = transformers.Phi3ForCausalLM(transformers.Phi3Config(pad_token_id=0, **common))
     elif family == "gemma":
         m = transformers.GemmaForCausalLM(transformers.GemmaConfig(head_dim=32, **common))
         with torch.no_grad():  # (norm weights start at zero: 1 + w would hide a missing offset)
@@ -55,7 +57,7 @@ def _prompt(n: int, seed: int = 1) -> list[int]:
     return np.random.default_rng(seed).integers(1, VOCAB, n).tolist()
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "gemma"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "phi3", "gemma"])
 def test_fp32_greedy_tokens_equal_torch(family: str) -> None:
     m = _model(family)
     ids = _prompt(19)  # two chunks of 8 and three tokens one by one
