@@ -31,7 +31,7 @@ def _check(model, feeds, expect_ops):
     assert sorted(n.op_type for n in g.nodes) == sorted(expect_ops), graph_str(g)
     assert [d[0] for d in dumps if d[0] not in ("expand recurrent nodes", "embedding-bag loops")] == [
         "constants as initializers", "remove identities", "quantized operators", "element-wise before reshapes", "fold batch normalization", "common subexpressions",
-                                     "dead nodes", "channels last"]
+                                     "dead nodes", "channels last", "flatten trailing reductions"]
     prog = compile_graph(g, {k: v.shape for k, v in feeds.items()}, {}, "llvm")
     got = prog.run(feeds)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
