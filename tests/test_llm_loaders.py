@@ -132,11 +132,47 @@ def test_hf_config_details(tmp_path):
         from_hf(tiny("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1))
     scaled = tiny("llama", rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
-    with pytest.raises(UnsupportedOpError, match="llama3"):
+    assert len(from_hf(scaled).config.rope_inv_freq) == 8     # (tests/test_llm_rope.py checks the values)
+    scaled = tiny("llama", rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32})
+    with pytest.raises(UnsupportedOpError, match="RoPE scaling 'yarn' is not supported"):
         from_hf(scaled)
     model = tiny("llama", eos_token_id=[2, 5], max_position_embeddings=64)
     w = from_hf(model, max_context=32)
     assert w.config.eos == (2, 5) and w.config.bos == 1 and w.config.max_context == 32
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3", "gemma"])
+def test_hf_transform_equals_quantizing_after(tmp_path, family):
+    # each projection quantized as it is read (cuvil.llm.load's int4 / int8) equals quantizing the float32
+    # model afterwards; phi3's fused projections are split first, gemma's tied head made from the embedding
+    from cuvil.llm.api import convert, load, read
+
+    model = tiny(family)
+    model.to(torch.bfloat16).save_pretrained(tmp_path)
+    names: list[str] = []
+
+    def q4(name: str, a: np.ndarray):
+        assert a.dtype == np.float32 and a.flags.c_contiguous
+        names.append(name)
+        return quantize_weight(a, 4, 32, name=name)
+    lean = read(tmp_path, transform=q4)
+    assert len(names) == len(set(names)) == 7 * 2 + 1 and "head" in names
+    assert isinstance(lean.embed, Dense) and lean.head is not lean.embed
+    for bits in (4, 8):
+        eager = convert(read(tmp_path), f"int{bits}")
+        if family == "llama" and bits == 4:   # (a Generator compiles its kernels: once is enough)
+            got = load(tmp_path, "int4", context=16).weights
+        else:
+            group = 32 if bits == 4 else None
+            got = convert(read(tmp_path, transform=lambda n, a, b=bits, g=group: quantize_weight(a, b, g, name=n)),
+                          f"int{bits}")
+        for a, b in [(got.head, eager.head), (got.embed, eager.embed)] + [
+                (getattr(x, n), getattr(y, n)) for x, y in zip(got.layers, eager.layers)
+                for n in ("q", "k", "v", "o", "gate", "up", "down")]:
+            assert type(a) is type(b) and np.array_equal(a.dequantize(), b.dequantize())
+    assert convert(eager, "int8").layers[0].q is eager.layers[0].q      # already int8 per row: kept
+    w4 = convert(eager, "int4")
+    assert convert(w4, "int4").layers[1].down is w4.layers[1].down      # already int4 in groups of 32: kept
 
 
 def test_hf_errors(tmp_path):
@@ -270,9 +306,10 @@ def encode(arr: np.ndarray, qtype, rng) -> tuple[np.ndarray, np.ndarray]:
 
 
 def write_gguf(path, model, arch: str = "llama", types: dict | None = None, seed: int = 0, tied: bool = False,
-               permute: bool = True) -> dict[str, np.ndarray]:
+               permute: bool = True, extra=None) -> dict[str, np.ndarray]:
     """Write ``model`` (a tiny HF llama / qwen2) as llama.cpp would; returns each tensor's expected weight
-    in HF's layout (the ggml dequantization, q/k permutation undone)."""
+    in HF's layout (the ggml dequantization, q/k permutation undone).  ``extra(writer)`` adds metadata or
+    tensors."""
     types = types or {}
     rng = np.random.default_rng(seed)
     c = model.config
@@ -309,6 +346,8 @@ def write_gguf(path, model, arch: str = "llama", types: dict | None = None, seed
         data, deq = encode(arr, qtype, rng)
         w.add_tensor(g, data, raw_dtype=qtype if qtype not in (T.F32, T.F16) else None)
         expected[g] = llama_cpp_permute_inverse(deq, heads) if heads and permute else deq
+    if extra is not None:
+        extra(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -479,6 +518,151 @@ def test_gguf_wrong_shape_and_type(tmp_path):
     g.close()
     with pytest.raises(ModelError, match="'gpt2' is not supported.*llama, qwen2"):
         from_gguf(tmp_path / "arch.gguf")
+
+
+def _torch_greedy(m, ids: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = m.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def _ids(n: int, vocab: int = 128) -> list[int]:
+    return np.random.default_rng(1).integers(3, vocab, n).tolist()
+
+
+@needs_gguf
+def test_gguf_f32_generates_the_hf_models_tokens(tmp_path):
+    from cuvil.llm.api import load
+
+    model = tiny("llama")
+    write_gguf(tmp_path / "m.gguf", model)
+    ids = _ids(13)  # a chunk of 8, then five tokens; 45 positions of the 64
+    assert list(load(tmp_path / "m.gguf", chunk=8).generate(ids, 32, stop=())) == _torch_greedy(model, ids, 32)
+
+
+def ggml_q8_0(w: np.ndarray):
+    """ggml's reference Q8_0 rule (``quantize_row_q8_0_ref``) as a :class:`Q8`: per block of 32, ``d = amax /
+    127``, ``q = roundf(x / d)`` (computed as ``x * (1 / d)``, halves away from zero), ``d`` stored as f16."""
+    n, k = w.shape
+    x = w.reshape(n, k // 32, 32).astype(np.float32)
+    d = np.abs(x).max(axis=-1) / np.float32(127)
+    inv = np.where(d == 0, np.float32(0), np.float32(1) / np.where(d == 0, np.float32(1), d))
+    y = x * inv[..., None]
+    q = (np.sign(y) * np.floor(np.abs(y) + np.float32(0.5))).astype(np.int8)
+    return Q8(q=q.reshape(n, k), scale=d.astype(np.float16).astype(np.float32), group=32)
+
+
+@needs_gguf
+def test_gguf_q8_0_generates_the_tokens_of_the_same_q8_weights(tmp_path):
+    from dataclasses import replace
+
+    from cuvil.llm.api import load, read
+    from cuvil.llm.runtime import Generator
+
+    model = tiny("llama")
+    n_layers = model.config.num_hidden_layers
+    types = {"token_embd.weight": T.Q8_0, "output.weight": T.Q8_0}
+    for i in range(n_layers):
+        for g in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+            types[f"blk.{i}.{g}.weight"] = T.Q8_0
+    expected = write_gguf(tmp_path / "m.gguf", model, types=types)
+    # the reference: the HF model's weights quantized in memory by the same rule (rows quantize alike
+    # before and after llama.cpp's q/k row permutation)
+    ref = read(model).with_linears(lambda _n, x: ggml_q8_0(x.w))
+    ref = replace(ref, embed=ggml_q8_0(ref.embed.w))
+    assert np.array_equal(ref.layers[1].k.dequantize(), expected["blk.1.attn_k.weight"])  # the rule is ggml's
+    assert np.array_equal(ref.head.dequantize(), expected["output.weight"])
+    gen = load(tmp_path / "m.gguf", chunk=8)
+    assert isinstance(gen.weights.layers[0].q, Q8) and gen.weights.layers[0].q.group == 32
+    ids = _ids(13)
+    want = list(Generator(ref, chunk=8).generate(ids, 32, stop=()))
+    assert list(gen.generate(ids, 32, stop=())) == want
+
+
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 64}
+
+
+def llama3_rope_factors(theta: float, head_dim: int, scaling: dict) -> np.ndarray:
+    """The ``rope_freqs.weight`` factors llama.cpp's converter writes for LLaMA 3.1 (each frequency is divided
+    by its factor): 1 for wavelengths below ``old / high_freq_factor``, ``factor`` above ``old /
+    low_freq_factor``, ``1 / ((1 - s) / factor + s)`` between, ``s = (old / wavelength - low) / (high - low)``."""
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2) / head_dim)
+    old, lo, hi, f = (scaling[k] for k in ("original_max_position_embeddings", "low_freq_factor",
+                                           "high_freq_factor", "factor"))
+    out = []
+    for fr in freqs:
+        wavelen = 2 * np.pi / fr
+        if wavelen < old / hi:
+            out.append(1.0)
+        elif wavelen > old / lo:
+            out.append(f)
+        else:
+            s = (old / wavelen - lo) / (hi - lo)
+            out.append(1 / ((1 - s) / f + s))
+    return np.array(out, np.float32)
+
+
+@needs_gguf
+def test_gguf_llama3_rope_factors(tmp_path):
+    from cuvil.llm.api import load
+
+    model = tiny("llama", rope_scaling=LLAMA3_SCALING, max_position_embeddings=128)
+    factors = llama3_rope_factors(500000.0, 16, LLAMA3_SCALING)
+    assert sorted(set(np.round(factors, 3).tolist())) != [1.0, 8.0]  # kept, interpolated and divided ones
+    write_gguf(tmp_path / "m.gguf", model, extra=lambda w: w.add_tensor("rope_freqs.weight", factors))
+    c = from_gguf(tmp_path / "m.gguf").config
+    hf = model.model.rotary_emb.inv_freq.numpy()
+    np.testing.assert_allclose(np.asarray(c.rope_inv_freq, np.float32), hf, rtol=1e-6, atol=0)
+    ids = _ids(13)
+    assert list(load(tmp_path / "m.gguf", chunk=8).generate(ids, 32, stop=())) == _torch_greedy(model, ids, 32)
+
+
+@needs_gguf
+def test_gguf_linear_rope_scaling_and_refusals(tmp_path):
+    from cuvil.llm.api import load
+
+    model = tiny("llama", rope_scaling={"rope_type": "linear", "factor": 4.0})
+
+    def linear(w) -> None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(4.0)
+    write_gguf(tmp_path / "m.gguf", model, extra=linear)
+    c = from_gguf(tmp_path / "m.gguf").config
+    assert np.array_equal(np.asarray(c.rope_inv_freq, np.float32), model.model.rotary_emb.inv_freq.numpy())
+    ids = _ids(13)
+    assert list(load(tmp_path / "m.gguf", chunk=8).generate(ids, 32, stop=())) == _torch_greedy(model, ids, 32)
+
+    def yarn(w) -> None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(4.0)
+    write_gguf(tmp_path / "yarn.gguf", tiny("llama"), extra=yarn)
+    with pytest.raises(UnsupportedOpError, match="RoPE scaling 'yarn'"):
+        from_gguf(tmp_path / "yarn.gguf")
+    write_gguf(tmp_path / "bad.gguf", tiny("llama"),
+               extra=lambda w: w.add_tensor("rope_freqs.weight", np.ones(5, np.float32)))
+    with pytest.raises(ModelError, match=r"rope_freqs.weight is F32 \[5\]; expected float \[8\]"):
+        from_gguf(tmp_path / "bad.gguf")
+
+
+@needs_gguf
+def test_gguf_transform_quantizes_float_tensors_as_read(tmp_path):
+    from cuvil.llm.api import convert, read
+
+    model = tiny("llama")
+    write_gguf(tmp_path / "m.gguf", model, types={"blk.0.ffn_up.weight": T.Q8_0})
+    seen: list[str] = []
+
+    def q4(name: str, a: np.ndarray):
+        seen.append(name)
+        return quantize_weight(a, 4, 32, name=name)
+    lean = read(tmp_path / "m.gguf", transform=q4)
+    assert "layers.0.up" not in seen and {"layers.1.q", "layers.0.down", "head"} <= set(seen)
+    assert isinstance(lean.layers[0].up, Q8) and isinstance(lean.embed, Dense)
+    eager = convert(read(tmp_path / "m.gguf"), "int4")
+    for a, b in ((lean.layers[1].q, eager.layers[1].q), (lean.head, eager.head)):
+        assert np.array_equal(a.dequantize(), b.dequantize())
 
 
 # ------------------------------------------------------------------------------------ onnxruntime-genai

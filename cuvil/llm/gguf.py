@@ -19,6 +19,10 @@ Q4_K       :class:`Q4`, group 32: per 256-block f16 ``d``, ``dmin``, twelve byte
 Q6_K       :class:`Q8`, group 16: ``scale = d * sc``, values ``q - 32``
 =========  ===================================================================================
 
+RoPE scaling: LLaMA 3's per-frequency factors (the ``rope_freqs.weight`` tensor) and linear scaling
+(``{arch}.rope.scaling.factor``) become ``DecoderConfig.rope_inv_freq`` as llama.cpp applies them; yarn and
+longrope are refused.
+
 Architectures: ``llama`` (which llama.cpp also writes for Mistral) and ``qwen2``.  llama.cpp's
 ``convert_hf_to_gguf`` permutes the rows of ``attn_q`` and ``attn_k`` of ``llama`` models so that each
 head's rotary pairs are adjacent (rows ``(i, i + d/2)`` of HF's layout become rows ``(2i, 2i + 1)``);
@@ -31,6 +35,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from cuvil.errors import ModelError, UnsupportedOpError
-from cuvil.llm.weights import Q4, Q8, DecoderConfig, DecoderWeights, Dense, LayerWeights, Weight
+from cuvil.llm.weights import Q4, Q8, DecoderConfig, DecoderWeights, Dense, LayerWeights, Weight, default_inv_freq
 
 __all__ = ["from_gguf", "read_gguf", "GGUFFile", "GGUFTensor", "SUPPORTED_ARCHITECTURES", "unpermute_rotary"]
 
@@ -279,9 +284,15 @@ def permute_rotary(w: np.ndarray, heads: int) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------- the model
 
-def from_gguf(path: str | os.PathLike, max_context: int | None = None) -> DecoderWeights:
+def from_gguf(path: str | os.PathLike, max_context: int | None = None,
+              transform: Callable[[str, np.ndarray], Weight] | None = None) -> DecoderWeights:
     """Load a llama-family GGUF file as :class:`DecoderWeights`, keeping each tensor's quantization
-    (see the module docstring).  ``max_context`` overrides ``{arch}.context_length``."""
+    (see the module docstring).  ``max_context`` overrides ``{arch}.context_length``.
+
+    ``transform(name, w)``, when given, makes each float (F32/F16/BF16) projection and the output head
+    from its float32 ``[N, K]`` array (names as :meth:`DecoderWeights.with_linears`: ``"layers.3.q"``,
+    ``"head"``; a tied head is made from the embedding's matrix) as it is read, so that a quantizer never
+    holds more than one float32 tensor; quantized tensors and the embedding stay as stored."""
     f = read_gguf(path)
     md, p = f.metadata, f.path
     arch = md.get("general.architecture")
@@ -313,17 +324,14 @@ def from_gguf(path: str | os.PathLike, max_context: int | None = None) -> Decode
             raise ModelError(f"{p}: tensor {name} has type {t.type}; a norm or bias is F32, F16 or BF16")
         return np.ascontiguousarray(_float(t), dtype=np.float32)
 
-    scaling = md.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None) or "rope_freqs.weight" in f.tensors:
-        what = "rope_freqs.weight (per-frequency factors)" if scaling in ("none", None) else repr(scaling)
-        raise UnsupportedOpError(f"{p}: RoPE scaling {what} is not supported (cuvil.llm's rotary embedding "
-                                 f"is the plain one)")
     hidden, heads = int(meta("embedding_length")), int(meta("attention.head_count"))
     kv_heads = int(meta("attention.head_count_kv", heads))
     head_dim = int(md.get(f"{arch}.attention.key_length", hidden // heads))
     rot = int(md.get(f"{arch}.rope.dimension_count", head_dim))
     if rot != head_dim:
         raise UnsupportedOpError(f"{p}: rotary on {rot} of {head_dim} head dimensions is not supported")
+    theta = float(meta("rope.freq_base", 10000.0))
+    inv_freq = _rope_inv_freq(f, arch, theta, head_dim)
     embed_t = tensor("token_embd.weight")
     if len(embed_t.shape) != 2 or embed_t.shape[1] != hidden:
         raise ModelError(f"{p}: tensor token_embd.weight is {list(embed_t.shape)}; expected [vocab, {hidden}]")
@@ -334,7 +342,7 @@ def from_gguf(path: str | os.PathLike, max_context: int | None = None) -> Decode
     config = DecoderConfig(
         vocab=vocab, hidden=hidden, layers=int(meta("block_count")), heads=heads, kv_heads=kv_heads,
         head_dim=head_dim, ffn=int(meta("feed_forward_length")),
-        rope_theta=float(meta("rope.freq_base", 10000.0)),
+        rope_theta=theta,
         rms_eps=_f32_value(meta("attention.layer_norm_rms_epsilon", 1e-5)),
         max_context=int(max_context or meta("context_length", 2048)),
         sliding_window=int(md.get(f"{arch}.attention.sliding_window", 0) or 0),
@@ -342,13 +350,16 @@ def from_gguf(path: str | os.PathLike, max_context: int | None = None) -> Decode
         family=str(arch),
         bos=None if bos is None else int(bos),
         eos=eos,
+        rope_inv_freq=None if inv_freq is None else tuple(float(x) for x in inv_freq),
     )
     c = config
 
-    def weight(name: str, shape: tuple[int, int]) -> Weight:
+    def weight(name: str, shape: tuple[int, int], as_: str | None = None) -> Weight:
         t = tensor(name)
         if t.shape != shape:
             raise ModelError(f"{p}: tensor {name} is {list(t.shape)}; expected {list(shape)}")
+        if transform is not None and as_ is not None and t.type in ("F32", "F16", "BF16"):
+            return transform(as_, _float(t))
         return tensor_weight(t, p)
 
     def bias(name: str, size: int) -> np.ndarray | None:
@@ -358,8 +369,8 @@ def from_gguf(path: str | os.PathLike, max_context: int | None = None) -> Decode
     permuted = arch in _PERMUTED
     layers = []
     for i in range(c.layers):
-        b = f"blk.{i}."
-        q, k = weight(b + "attn_q.weight", (q_rows, H)), weight(b + "attn_k.weight", (kv_rows, H))
+        b, n = f"blk.{i}.", f"layers.{i}."
+        q, k = weight(b + "attn_q.weight", (q_rows, H), n + "q"), weight(b + "attn_k.weight", (kv_rows, H), n + "k")
         qb, kb = bias(b + "attn_q.bias", q_rows), bias(b + "attn_k.bias", kv_rows)
         if permuted:
             q, k = unpermute_rotary(q, c.heads), unpermute_rotary(k, c.kv_heads)
@@ -367,17 +378,55 @@ def from_gguf(path: str | os.PathLike, max_context: int | None = None) -> Decode
             kb = None if kb is None else unpermute_rotary(kb, c.kv_heads)
         layers.append(LayerWeights(
             attn_norm=vector(b + "attn_norm.weight", H),
-            q=q, k=k, v=weight(b + "attn_v.weight", (kv_rows, H)),
-            o=weight(b + "attn_output.weight", (H, q_rows)),
+            q=q, k=k, v=weight(b + "attn_v.weight", (kv_rows, H), n + "v"),
+            o=weight(b + "attn_output.weight", (H, q_rows), n + "o"),
             ffn_norm=vector(b + "ffn_norm.weight", H),
-            gate=weight(b + "ffn_gate.weight", (c.ffn, H)), up=weight(b + "ffn_up.weight", (c.ffn, H)),
-            down=weight(b + "ffn_down.weight", (H, c.ffn)),
+            gate=weight(b + "ffn_gate.weight", (c.ffn, H), n + "gate"),
+            up=weight(b + "ffn_up.weight", (c.ffn, H), n + "up"),
+            down=weight(b + "ffn_down.weight", (H, c.ffn), n + "down"),
             q_bias=qb, k_bias=kb, v_bias=bias(b + "attn_v.bias", kv_rows),
         ))
     embed = weight("token_embd.weight", (vocab, H))
-    head = embed if c.tie_embeddings else weight("output.weight", (vocab, H))
+    if not c.tie_embeddings:
+        head = weight("output.weight", (vocab, H), "head")
+    elif transform is not None and isinstance(embed, Dense):
+        head = transform("head", embed.w)
+    else:
+        head = embed
     return DecoderWeights(config=c, embed=embed, layers=tuple(layers), norm=vector("output_norm.weight", H),
                           head=head, source=str(Path(p)))
+
+
+def _rope_inv_freq(f: GGUFFile, arch: str, theta: float, head_dim: int) -> np.ndarray | None:
+    """The rotary inverse frequencies when the file scales them, as llama.cpp applies the scaling: the
+    angle of frequency ``i`` at position ``p`` is ``p * theta ** (-2i / head_dim) / rope_freqs[i] * s``
+    (``rope_freqs.weight``: LLaMA 3's per-frequency factors, written by ``convert_hf_to_gguf``; ``s = 1 /
+    {arch}.rope.scaling.factor``, or the older ``{arch}.rope.scale_linear``, for linear scaling).  None for
+    plain RoPE; other scaling types (yarn, longrope) raise :class:`UnsupportedOpError`."""
+    md, p = f.metadata, f.path
+    kind = md.get(f"{arch}.rope.scaling.type") or "linear"  # llama.cpp's default: the factor scales linearly
+    if kind not in ("none", "linear"):
+        raise UnsupportedOpError(f"{p}: RoPE scaling {kind!r} ({arch}.rope.scaling.type) is not supported; "
+                                 f"cuvil.llm takes 'linear' and LLaMA 3's rope_freqs.weight factors")
+    attn = md.get(f"{arch}.rope.scaling.attn_factor")
+    if attn not in (None, 1, 1.0):
+        raise UnsupportedOpError(f"{p}: {arch}.rope.scaling.attn_factor {attn} is not supported")
+    factor = md.get(f"{arch}.rope.scaling.factor") or md.get(f"{arch}.rope.scale_linear") or 0.0
+    freqs = f.tensors.get("rope_freqs.weight")
+    if freqs is None and float(factor) in (0.0, 1.0):
+        return None
+    inv = default_inv_freq(theta, head_dim)
+    if freqs is not None:
+        if freqs.shape != (head_dim // 2,) or freqs.type not in ("F32", "F16", "BF16"):
+            raise ModelError(f"{p}: tensor rope_freqs.weight is {freqs.type} {list(freqs.shape)}; expected float "
+                             f"[{head_dim // 2}] (one factor per rotary frequency)")
+        ff = _float(freqs).astype(np.float32)
+        if not np.all(np.isfinite(ff)) or np.any(ff <= 0):
+            raise ModelError(f"{p}: tensor rope_freqs.weight holds factors that are not positive: {ff.tolist()}")
+        inv = (inv / ff).astype(np.float32)
+    if float(factor) not in (0.0, 1.0):
+        inv = (inv * (np.float32(1) / np.float32(factor))).astype(np.float32)
+    return inv
 
 
 def _f32_value(x: float) -> float:

@@ -16,8 +16,10 @@ GemmaForCausalLM              ``norm_offset`` 1, ``embed_scale`` sqrt(hidden) ro
                               stored dtype (as HF multiplies in that dtype), gelu_tanh, tied embeddings
 ============================  =========================================================================
 
-RoPE scaling (``rope_parameters`` / ``rope_scaling`` of a type other than "default") and partial rotary
-factors are refused with :class:`~cuvil.errors.UnsupportedOpError`.
+RoPE scaling (``rope_parameters`` / ``rope_scaling``): "linear" and "llama3" become
+``DecoderConfig.rope_inv_freq`` (computed as transformers computes them, :func:`rope_inv_freq`); other types
+(dynamic, yarn, longrope) and partial rotary factors are refused with
+:class:`~cuvil.errors.UnsupportedOpError`.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from cuvil.errors import ModelError, UnsupportedOpError
-from cuvil.llm.weights import DecoderConfig, DecoderWeights, Dense, LayerWeights
+from cuvil.llm.weights import DecoderConfig, DecoderWeights, Dense, LayerWeights, Weight, default_inv_freq
 
-__all__ = ["from_hf", "SUPPORTED_ARCHITECTURES", "read_safetensors"]
+__all__ = ["from_hf", "SUPPORTED_ARCHITECTURES", "read_safetensors", "rope_inv_freq"]
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -51,16 +53,25 @@ _ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gel
 Tensors = Callable[[str], "np.ndarray | None"]
 
 
-def from_hf(path_or_model: Any, max_context: int | None = None) -> DecoderWeights:
+def from_hf(path_or_model: Any, max_context: int | None = None,
+            transform: Callable[[str, np.ndarray], Weight] | None = None) -> DecoderWeights:
     """Load a Hugging Face decoder-only model as :class:`DecoderWeights` (float32 :class:`Dense` weights).
 
     ``path_or_model``: a folder with ``config.json`` and safetensors (or ``pytorch_model*.bin``) files, or a
     ``transformers`` ``*ForCausalLM`` object.  ``max_context`` overrides ``max_position_embeddings``.
 
+    ``transform(name, w)``, when given, makes each projection and the output head from its float32
+    ``[N, K]`` array as it is read (names as :meth:`DecoderWeights.with_linears`: ``"layers.3.q"``,
+    ``"head"``; a tied head is made from the embedding's matrix, the embedding itself stays float32), and
+    the float32 array is dropped at once: with a quantizer (``cuvil.llm.load(folder, "int4")``) the model
+    never exists in float32 as a whole.  Safetensors files are memory-mapped, one tensor converted at a
+    time.
+
     Raises :class:`ModelError` for an unknown architecture (naming it and the supported ones) or a missing
-    or misshapen tensor, and :class:`UnsupportedOpError` for RoPE scaling, partial rotary embeddings, biases
-    other than q/k/v, or a sliding window on some layers only.  From a model object, float32 parameters are
-    shared, not copied (the weights change if the model's parameters do)."""
+    or misshapen tensor, and :class:`UnsupportedOpError` for RoPE scaling other than linear and LLaMA 3's,
+    partial rotary embeddings, biases other than q/k/v, or a sliding window on some layers only.  From a
+    model object, float32 parameters are shared, not copied (the weights change if the model's parameters
+    do)."""
     if isinstance(path_or_model, (str, os.PathLike)):
         folder = Path(path_or_model)
         cfg_path = folder / "config.json"
@@ -89,7 +100,7 @@ def from_hf(path_or_model: Any, max_context: int | None = None) -> DecoderWeight
                          f"{', '.join(SUPPORTED_ARCHITECTURES)}")
     family = SUPPORTED_ARCHITECTURES[arch]
     config = _config(hf, family, max_context, extra_eos, dtypes.get("model.embed_tokens.weight"))
-    return _assemble(config, tensors, hf, source)
+    return _assemble(config, tensors, source, transform)
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -108,22 +119,65 @@ def _generation_eos(path: Path) -> tuple[int, ...]:
     return _as_ids(json.loads(path.read_text()).get("eos_token_id"))
 
 
-def _rope(hf: dict, family: str) -> float:
-    """The RoPE base; refuses scaled or partial rotary embeddings.  transformers >= 5 writes
-    ``rope_parameters`` ({"rope_theta", "rope_type", ...}); older configs ``rope_theta`` and
-    ``rope_scaling``."""
-    params = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
-    rope_type = params.get("rope_type") or params.get("type") or scaling.get("rope_type") or scaling.get("type")
-    if rope_type not in (None, "default"):
-        raise UnsupportedOpError(f"{family}: RoPE scaling {rope_type!r} is not supported (cuvil.llm's rotary "
-                                 f"embedding is the plain one, rope_type 'default')")
+def rope_inv_freq(rope_type: str, params: dict, theta: float, head_dim: int, where: str = "") -> np.ndarray | None:
+    """The inverse frequencies of a scaled RoPE (None for "default"), in float32 with transformers' steps
+    (``modeling_rope_utils``; a Python scalar meets a float32 tensor as a float32, ``a / t`` is
+    ``(1 / t) * a``).
+
+    - "linear": ``inv / factor``.
+    - "llama3" (LLaMA 3.1 / 3.2): with ``wavelen = 2 pi / inv``, frequencies whose wavelength is below
+      ``original_max_position_embeddings / high_freq_factor`` are kept, those above ``... / low_freq_factor``
+      divided by ``factor``, and those between interpolated: ``s = (old / wavelen - low) / (high - low)``,
+      ``inv' = (1 - s) * inv / factor + s * inv``.
+
+    Other types (dynamic, yarn, longrope, ...) raise :class:`UnsupportedOpError` naming the type."""
+    if rope_type == "default":
+        return None
+    f32 = np.float32
+
+    def need(key: str) -> float:
+        if params.get(key) is None:
+            raise ModelError(f"{where}RoPE scaling {rope_type!r} has no {key!r}")
+        return float(params[key])
+
+    inv = default_inv_freq(theta, head_dim)
+    if rope_type == "linear":
+        return (inv / f32(need("factor"))).astype(f32)
+    if rope_type == "llama3":
+        factor, low, high = need("factor"), need("low_freq_factor"), need("high_freq_factor")
+        old = need("original_max_position_embeddings")
+        if high <= low:
+            raise ModelError(f"{where}RoPE scaling 'llama3': high_freq_factor {high} must exceed low_freq_factor "
+                             f"{low}")
+        wavelen = (f32(1) / inv) * f32(2 * math.pi)
+        low_wavelen, high_wavelen = f32(old / low), f32(old / high)
+        scaled = np.where(wavelen > low_wavelen, inv / f32(factor), inv).astype(f32)
+        smooth = ((f32(1) / wavelen) * f32(old) - f32(low)) / f32(high - low)
+        smoothed = (f32(1) - smooth) * scaled / f32(factor) + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return np.where(medium, smoothed, scaled).astype(f32)
+    raise UnsupportedOpError(f"{where}RoPE scaling {rope_type!r} is not supported; cuvil.llm takes rope_type "
+                             f"'default', 'linear' and 'llama3'")
+
+
+def _rope(hf: dict, family: str, head_dim: int) -> tuple[float, tuple[float, ...] | None]:
+    """The RoPE base and, for a scaled RoPE, the inverse frequencies (:func:`rope_inv_freq`); refuses
+    partial rotary embeddings.  transformers >= 5 writes ``rope_parameters`` ({"rope_theta",
+    "rope_type", ...}); older configs ``rope_theta`` and ``rope_scaling``."""
+    params = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    rope_type = params.get("rope_type") or params.get("type") or "default"
     partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
         raise UnsupportedOpError(f"{family}: partial_rotary_factor {partial} is not supported (rotary on the "
                                  f"whole head only)")
-    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
-    return float(theta)
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    if rope_type == "llama3":
+        # as transformers: a top-level original_max_position_embeddings wins, then the parameters', then
+        # max_position_embeddings
+        old = hf.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
+        params["original_max_position_embeddings"] = old or hf.get("max_position_embeddings")
+    inv = rope_inv_freq(str(rope_type), params, theta, head_dim, where=f"{family}: ")
+    return theta, None if inv is None else tuple(float(x) for x in inv)
 
 
 def _sliding_window(hf: dict, family: str, layers: int) -> int:
@@ -154,6 +208,8 @@ def _config(hf: dict, family: str, max_context: int | None, extra_eos: tuple[int
 
     hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
     layers = int(need("num_hidden_layers"))
+    head_dim = int(hf.get("head_dim") or hidden // heads)
+    theta, inv_freq = _rope(hf, family, head_dim)
     act_name = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
     if family == "gemma" and act_name == "gelu":
         act_name = "gelu_pytorch_tanh"  # HF Gemma's legacy value, meant as the tanh approximation
@@ -170,9 +226,9 @@ def _config(hf: dict, family: str, max_context: int | None, extra_eos: tuple[int
     return DecoderConfig(
         vocab=int(need("vocab_size")), hidden=hidden, layers=layers, heads=heads,
         kv_heads=int(hf.get("num_key_value_heads") or heads),
-        head_dim=int(hf.get("head_dim") or hidden // heads),
+        head_dim=head_dim,
         ffn=int(need("intermediate_size")),
-        rope_theta=_rope(hf, family),
+        rope_theta=theta,
         rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
         max_context=int(max_context or hf.get("max_position_embeddings") or 2048),
         sliding_window=_sliding_window(hf, family, layers),
@@ -183,6 +239,7 @@ def _config(hf: dict, family: str, max_context: int | None, extra_eos: tuple[int
         family=family,
         bos=None if bos is None else int(bos),
         eos=eos,
+        rope_inv_freq=inv_freq,
     )
 
 
@@ -204,7 +261,8 @@ def _round_to(x: float, dtype: str) -> float:
 
 # --------------------------------------------------------------------------------------------- tensors
 
-def _assemble(c: DecoderConfig, get: Tensors, hf: dict, source: str) -> DecoderWeights:
+def _assemble(c: DecoderConfig, get: Tensors, source: str,
+              transform: Callable[[str, np.ndarray], Weight] | None = None) -> DecoderWeights:
     def tensor(name: str, shape: tuple[int, ...]) -> np.ndarray:
         t = get(name)
         if t is None:
@@ -214,39 +272,51 @@ def _assemble(c: DecoderConfig, get: Tensors, hf: dict, source: str) -> DecoderW
         return np.ascontiguousarray(t, dtype=np.float32)
 
     def optional(name: str, shape: tuple[int, ...]) -> np.ndarray | None:
-        return None if get(name) is None else tensor(name, shape)
+        t = get(name)
+        if t is None:
+            return None
+        if tuple(t.shape) != shape:
+            raise ModelError(f"{source}: tensor {name} is {list(t.shape)}; expected {list(shape)}")
+        return np.ascontiguousarray(t, dtype=np.float32)
+
+    def linear(name: str, a: np.ndarray) -> Weight:
+        """The weight ``name`` made from ``a`` at once (the caller keeps no reference to ``a``)."""
+        return _dense(a) if transform is None else transform(name, np.ascontiguousarray(a, dtype=np.float32))
 
     H, q_rows, kv_rows = c.hidden, c.heads * c.head_dim, c.kv_heads * c.head_dim
     layers = []
     for i in range(c.layers):
-        p = f"model.layers.{i}."
+        p, n = f"model.layers.{i}.", f"layers.{i}."
         for bad in ("self_attn.o_proj.bias", "mlp.gate_proj.bias", "mlp.up_proj.bias", "mlp.down_proj.bias"):
             if get(p + bad) is not None:
                 raise UnsupportedOpError(f"{source}: tensor {p + bad}: cuvil.llm takes biases on q/k/v only")
+        w: dict[str, Weight] = {}
         if c.family == "phi3":
-            qkv = tensor(p + "self_attn.qkv_proj.weight", (q_rows + 2 * kv_rows, H))
-            q, k, v = np.split(qkv, [q_rows, q_rows + kv_rows])
-            gate_up = tensor(p + "mlp.gate_up_proj.weight", (2 * c.ffn, H))
-            gate, up = np.split(gate_up, 2)
+            parts = np.split(tensor(p + "self_attn.qkv_proj.weight", (q_rows + 2 * kv_rows, H)),
+                             [q_rows, q_rows + kv_rows])
+            w.update((x, linear(n + x, parts.pop(0))) for x in ("q", "k", "v"))
+            parts = np.split(tensor(p + "mlp.gate_up_proj.weight", (2 * c.ffn, H)), 2)
+            w.update((x, linear(n + x, parts.pop(0))) for x in ("gate", "up"))
         else:
-            q = tensor(p + "self_attn.q_proj.weight", (q_rows, H))
-            k = tensor(p + "self_attn.k_proj.weight", (kv_rows, H))
-            v = tensor(p + "self_attn.v_proj.weight", (kv_rows, H))
-            gate = tensor(p + "mlp.gate_proj.weight", (c.ffn, H))
-            up = tensor(p + "mlp.up_proj.weight", (c.ffn, H))
+            for x, rows in (("q", q_rows), ("k", kv_rows), ("v", kv_rows)):
+                w[x] = linear(n + x, tensor(p + f"self_attn.{x}_proj.weight", (rows, H)))
+            for x in ("gate", "up"):
+                w[x] = linear(n + x, tensor(p + f"mlp.{x}_proj.weight", (c.ffn, H)))
+        w["o"] = linear(n + "o", tensor(p + "self_attn.o_proj.weight", (H, q_rows)))
+        w["down"] = linear(n + "down", tensor(p + "mlp.down_proj.weight", (H, c.ffn)))
         layers.append(LayerWeights(
             attn_norm=tensor(p + "input_layernorm.weight", (H,)),
-            q=_dense(q), k=_dense(k), v=_dense(v),
-            o=_dense(tensor(p + "self_attn.o_proj.weight", (H, q_rows))),
             ffn_norm=tensor(p + "post_attention_layernorm.weight", (H,)),
-            gate=_dense(gate), up=_dense(up),
-            down=_dense(tensor(p + "mlp.down_proj.weight", (H, c.ffn))),
             q_bias=optional(p + "self_attn.q_proj.bias", (q_rows,)),
             k_bias=optional(p + "self_attn.k_proj.bias", (kv_rows,)),
             v_bias=optional(p + "self_attn.v_proj.bias", (kv_rows,)),
+            **w,
         ))
     embed = _dense(tensor("model.embed_tokens.weight", (c.vocab, H)))
-    head = embed if c.tie_embeddings else _dense(tensor("lm_head.weight", (c.vocab, H)))
+    if not c.tie_embeddings:
+        head = linear("head", tensor("lm_head.weight", (c.vocab, H)))
+    else:
+        head = embed if transform is None else transform("head", embed.w)
     return DecoderWeights(config=c, embed=embed, layers=tuple(layers), norm=tensor("model.norm.weight", (H,)),
                           head=head, source=source)
 
@@ -340,8 +410,10 @@ def _safetensors_tensor(path: Path, meta: dict, name: str, start: int) -> np.nda
     a = raw.view(_ST_DTYPES[dtype])
     if a.size != math.prod(shape):
         raise ModelError(f"{path}: tensor {name} holds {a.size} values for shape {list(shape)}")
-    if dtype == "BF16":
-        return (a.astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    if dtype == "BF16":  # the bits of a bfloat16 are the top half of a float32's
+        bits = a.astype(np.uint32)
+        bits <<= 16
+        return bits.view(np.float32).reshape(shape)
     return a.astype(np.float32).reshape(shape)
 
 

@@ -48,25 +48,37 @@ def quantize_weight(w: np.ndarray | Weight, bits: int = 4, group: int | None = N
     if g < 1 or k % g or (bits == 4 and g % 2):
         raise ModelError(f"{name}: group {g} does not divide its {k} inputs" +
                          (" (4-bit groups are even)" if bits == 4 else ""))
-    x = w.reshape(n, k // g, g)
+    if bits == 8 and not symmetric:
+        raise ArgumentError("quantize: 8-bit weights are symmetric (Q8 has no offsets); pass symmetric=True")
+    # rows a block at a time (about 4M values): the temporaries stay small for a 14336 x 4096 weight
+    step = max(1, (1 << 22) // k)
     if bits == 8:
-        if not symmetric:
-            raise ArgumentError("quantize: 8-bit weights are symmetric (Q8 has no offsets); pass symmetric=True")
-        scale = np.abs(x).max(axis=-1) / np.float32(127)
-        q = np.clip(np.rint(_div(x, scale)), -127, 127).astype(np.int8)
-        return Q8(q=q.reshape(n, k), scale=scale.astype(np.float32), group=g)
-    if symmetric:
-        idx = np.abs(x).argmax(axis=-1)[..., None]
-        scale = (np.take_along_axis(x, idx, axis=-1)[..., 0] / np.float32(-8)).astype(np.float32)
-        v = np.clip(np.rint(_div(x, scale)) + 8, 0, 15)
-        offset = (np.float32(-8) * scale).astype(np.float32)
-    else:
-        lo, hi = x.min(axis=-1), x.max(axis=-1)
-        scale = ((hi - lo) / np.float32(15)).astype(np.float32)
-        v = np.clip(np.rint(_div(x - lo[..., None], scale)), 0, 15)
-        offset = lo.astype(np.float32)
-    return Q4(q=pack_nibbles(v.reshape(n, k).astype(np.uint8)), scale=scale, offset=offset, group=g,
-              symmetric=symmetric)
+        q8 = np.empty((n, k), np.int8)
+        scale = np.empty((n, k // g), np.float32)
+        for r in range(0, n, step):
+            x = w[r:r + step].reshape(-1, k // g, g)
+            s = np.abs(x).max(axis=-1) / np.float32(127)
+            q8[r:r + step] = np.clip(np.rint(_div(x, s)), -127, 127).astype(np.int8).reshape(-1, k)
+            scale[r:r + step] = s
+        return Q8(q=q8, scale=scale, group=g)
+    packed = np.empty((n, k // 2), np.uint8)
+    scale = np.empty((n, k // g), np.float32)
+    offset = np.empty((n, k // g), np.float32)
+    for r in range(0, n, step):
+        x = w[r:r + step].reshape(-1, k // g, g)
+        if symmetric:
+            idx = np.abs(x).argmax(axis=-1)[..., None]
+            s = (np.take_along_axis(x, idx, axis=-1)[..., 0] / np.float32(-8)).astype(np.float32)
+            v = np.clip(np.rint(_div(x, s)) + 8, 0, 15)
+            off = (np.float32(-8) * s).astype(np.float32)
+        else:
+            lo, hi = x.min(axis=-1), x.max(axis=-1)
+            s = ((hi - lo) / np.float32(15)).astype(np.float32)
+            v = np.clip(np.rint(_div(x - lo[..., None], s)), 0, 15)
+            off = lo.astype(np.float32)
+        packed[r:r + step] = pack_nibbles(v.reshape(-1, k).astype(np.uint8))
+        scale[r:r + step], offset[r:r + step] = s, off
+    return Q4(q=packed, scale=scale, offset=offset, group=g, symmetric=symmetric)
 
 
 def _div(x: np.ndarray, scale: np.ndarray) -> np.ndarray:

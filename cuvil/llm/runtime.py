@@ -40,7 +40,7 @@ import numpy as np
 from cuvil.errors import ArgumentError, ShapeError
 from cuvil.llm import kernels as K
 from cuvil.llm.call import Bound
-from cuvil.llm.weights import Q4, DecoderConfig, DecoderWeights, Dense, stack
+from cuvil.llm.weights import Q4, DecoderConfig, DecoderWeights, Dense, default_inv_freq, stack
 
 __all__ = ["Generator", "Stats"]
 
@@ -52,8 +52,7 @@ def _rope_tables(cfg: DecoderConfig, n: int) -> tuple[np.ndarray, np.ndarray]:
     if cfg.rope_inv_freq is not None:
         inv = np.asarray(cfg.rope_inv_freq, np.float32)
     else:
-        inv = (1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, D, 2, dtype=np.int64).astype(np.float32) / D)))
-        inv = inv.astype(np.float32)
+        inv = default_inv_freq(cfg.rope_theta, D)
     ang = np.arange(n, dtype=np.float32)[:, None] * inv[None, :]
     return np.ascontiguousarray(np.cos(ang), np.float32), np.ascontiguousarray(np.sin(ang), np.float32)
 

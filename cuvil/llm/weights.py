@@ -25,7 +25,8 @@ import numpy as np
 
 from cuvil.errors import ModelError
 
-__all__ = ["Dense", "Q4", "Q8", "Weight", "DecoderConfig", "LayerWeights", "DecoderWeights", "stack", "weight_shape"]
+__all__ = ["Dense", "Q4", "Q8", "Weight", "DecoderConfig", "LayerWeights", "DecoderWeights", "default_inv_freq",
+           "stack", "weight_shape"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,6 +135,16 @@ Weight = Dense | Q4 | Q8
 
 def weight_shape(w: Weight) -> tuple[int, int]:
     return w.shape
+
+
+def default_inv_freq(theta: float, head_dim: int) -> np.ndarray:
+    """Plain RoPE's inverse frequencies ``1 / theta ** (2i / head_dim)``, float32 as transformers computes
+    them: the exponent and the reciprocal in float32, the power correctly rounded (in float64, then to
+    float32), as torch's float32 power gives it at all but rare frequencies (numpy's float32 power is up to
+    an ulp off at a fifth of them)."""
+    e = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    power = (np.float64(np.float32(theta)) ** e.astype(np.float64)).astype(np.float32)
+    return (np.float32(1) / power).astype(np.float32)
 
 
 @dataclass(frozen=True)
