@@ -116,3 +116,17 @@ def test_reductions_not_over_the_last_axes_are_left_alone():
                           [numpy_helper.from_array(np.array([1, 2], np.int64), "axes")])
     graph = import_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
     assert flatten_trailing_reductions(graph) is graph
+
+
+def test_reductions_of_an_empty_value_are_left_alone():
+    """(A fuzzed graph: ReduceMax over both axes of a [1, 0] input is -inf, as onnxruntime says.)"""
+    node = helper.make_node("ReduceMax", ["x"], ["y"], axes=[0, 1], keepdims=0)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 0])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    graph = import_model(model)
+    assert flatten_trailing_reductions(graph) is graph
+    x = np.zeros((1, 0), np.float32)
+    [got] = InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    [want] = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_array_equal(got, want)

@@ -191,7 +191,7 @@ def flatten_trailing_reductions(g: Graph) -> Graph:
     for n in g.nodes:
         shape = shapes.get(n.inputs[0]) if n.inputs else None
         if (n.op_type not in _FLAT_REDUCTIONS or n.domain or len(n.outputs) != 1 or shape is None
-                or not all(isinstance(d, int) for d in shape)):
+                or not all(isinstance(d, int) and d > 0 for d in shape)):  # (an empty value: nothing to gain)
             nodes.append(n)
             continue
         rank = len(shape)
