@@ -28,6 +28,9 @@ owner                                          limit  what an entry holds (and w
 ``cuvil.autotune.exec_board._REFERENCES``          4  reference outputs computed on a board: one workload at a time
 ``cuvil.autotune.exec_harness._STAGED``           64  where the timing harness was copied, per board prefix
 ``cuvil.graph.profile._BANDWIDTH``                16  a measured streaming bandwidth per (target, threads)
+``cuvil.llm.qlinear._MODULES``                   256  a compiled weight contraction (or activation quantizer) per
+                                                      kind and shape: a decoder has about 10 (4 projections x
+                                                      2 step sizes, the head, the quantizers)
 =============================================  =====  ===========================================================
 
 Module-level state that is not a cache, and so has no limit:

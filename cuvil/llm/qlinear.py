@@ -182,7 +182,7 @@ class Linear:
 
 # compiled programs by what tells them apart (the Linear's kind, shapes, tile, target and its constants'
 # shapes and dtypes): a model's repeated projections share one
-_MODULES: BoundedCache = BoundedCache("cuvil.llm.qlinear modules", 256)
+_MODULES: BoundedCache = BoundedCache("cuvil.llm.qlinear._MODULES", 256)
 
 
 def linear(weight: Weight, rows: int, target: Any = None, *, residual: bool = False,
