@@ -167,14 +167,22 @@ def _python_anchor(engine: str, folder: str | os.PathLike[str], prompt: int, new
         raise ArgumentError(f"no model folder at {str(folder)!r}")
     args = dict(engine=engine, folder=str(folder), prompt=prompt, new_tokens=new_tokens, threads=threads,
                 repeats=repeats, seed=seed)
-    cmd = [sys.executable, "-m", "cuvil.llm.anchors", json.dumps(args)]
-    stdout, cpu, wall = _run_child(cmd, _child_env(threads), timeout, engine)
+    return child_result("cuvil.llm.anchors", args, timeout, engine)
+
+
+def child_result(module: str, args: dict[str, Any], timeout: float, what: str) -> AnchorResult:
+    """Run ``python -m module JSON(args)`` (args with prompt, new_tokens and threads), whose last line marked
+    ``_MARK`` holds its rates per repeat: the medians, with the child's CPU and wall seconds."""
+    threads = args["threads"]
+    cmd = [sys.executable, "-m", module, json.dumps(args)]
+    stdout, cpu, wall = _run_child(cmd, _child_env(threads), timeout, what)
     lines = [ln for ln in stdout.splitlines() if ln.startswith(_MARK)]
     if not lines:
-        raise TargetError(f"{engine}'s child printed no result: {stdout[-500:]!r}")
+        raise TargetError(f"{what}'s child printed no result: {stdout[-500:]!r}")
     res = json.loads(lines[-1][len(_MARK):])
-    return AnchorResult(res["engine"], threads, prompt, new_tokens, statistics.median(res["prefill_tok_s"]),
-                        statistics.median(res["decode_tok_s"]), cpu, wall, res["detail"])
+    return AnchorResult(res["engine"], threads, args["prompt"], args["new_tokens"],
+                        statistics.median(res["prefill_tok_s"]), statistics.median(res["decode_tok_s"]), cpu, wall,
+                        res["detail"])
 
 
 def ort_genai(folder: str | os.PathLike[str], prompt: int = PROMPT, new_tokens: int = NEW_TOKENS,

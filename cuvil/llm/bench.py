@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,10 +24,9 @@ from cuvil.llm.anchors import (
     PROMPT,
     AnchorResult,
     _check,
-    _child_env,
     _prompt_ids,
-    _run_child,
     bandwidth_bound,
+    child_result,
     llama_cpp,
     ort_genai,
     torch_eager,
@@ -62,14 +60,7 @@ def cuvil_rates(source: str, weights: str = "as-stored", prompt: int = PROMPT, n
     _check(prompt, new_tokens, threads, repeats)
     args = dict(source=str(source), weights=weights, prompt=prompt, new_tokens=new_tokens, threads=threads,
                 repeats=repeats, seed=seed)
-    cmd = [sys.executable, "-m", "cuvil.llm.bench", json.dumps(args)]
-    stdout, cpu, wall = _run_child(cmd, _child_env(threads), timeout, f"cuvil {weights}")
-    lines = [ln for ln in stdout.splitlines() if ln.startswith(_MARK)]
-    if not lines:
-        raise CuvilError(f"cuvil's benchmark child printed no result: {stdout[-500:]!r}")
-    res = json.loads(lines[-1][len(_MARK):])
-    return AnchorResult(res["engine"], threads, prompt, new_tokens, statistics.median(res["prefill_tok_s"]),
-                        statistics.median(res["decode_tok_s"]), cpu, wall, res["detail"])
+    return child_result("cuvil.llm.bench", args, timeout, f"cuvil {weights}")
 
 
 def _child(a: dict[str, Any]) -> dict[str, Any]:
