@@ -3,11 +3,11 @@
     python benchmarks/arm_mca.py                                    # resnet50 + bert-base, full size, neoverse-n1
     python benchmarks/arm_mca.py --cpu neoverse-n1,cortex-a76,neoverse-v1 --model resnet50 --config ci --top 10
 
-Per CPU and model: the registry model (:mod:`cuvil.registry`, dynamo export) is compiled for
+Per CPU and model: the registry model (:mod:`cuvil.models.registry`, dynamo export) is compiled for
 ``llvm -mtriple=aarch64-linux-gnu -mcpu=CPU`` as a session compiles it (untuned, default options), and the
 AArch64 assembly of the linked module is kept in a cache (``$TMPDIR/cuvil-arm-mca``, keyed by the ONNX file,
 the target and cuvil's sources).  Each contraction kernel (Conv, ConvTranspose, Gemm, MatMul, Einsum) gives
-its innermost loop with the most vector FP multiply/adds (:func:`cuvil.bench_mca.hot_loop`), which goes
+its innermost loop with the most vector FP multiply/adds (:func:`cuvil.bench.mca.hot_loop`), which goes
 through ``llvm-mca-19 -mtriple=aarch64 -mcpu=CPU -iterations=100 -bottleneck-analysis``.  Columns:
 
 - ``share``: the kernel's FLOPs (2 x multiply-adds of its reductions, over all its calls) / the model's
@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from cuvil import bench_mca  # noqa: E402
+from cuvil.bench import mca as bench_mca  # noqa: E402
 
 CONTRACTIONS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum")
 CPUS = ("neoverse-n1", "cortex-a76", "neoverse-v1")
@@ -78,7 +78,7 @@ def _name(key: tuple) -> str:
 def compile_for(model: str, config: str, cpu: str, exporter: str = "dynamo", cache: bool = True) -> dict[str, Any]:
     """The model compiled for ``cpu``: {"asm", "kernels": [{kernel, label, op, calls, flops}], "fallbacks",
     "target", "compile_s", "onnx"}, from the cache when the same file, target and sources were compiled."""
-    from cuvil import registry
+    from cuvil.models import registry
 
     path = registry.export(model, config=config, exporter=exporter)
     target = target_of(cpu)

@@ -3,9 +3,9 @@
     python benchmarks/bf16_models.py                         # full configs, 1 thread
     python benchmarks/bf16_models.py --config ci --models resnet50
 
-Per model (exported by the registry's default exporter, :mod:`cuvil.registry`): both sessions compiled
+Per model (exported by the registry's default exporter, :mod:`cuvil.models.registry`): both sessions compiled
 (:class:`cuvil.onnx.InferenceSession`, ``num_threads=1``; the compile wall time of each), then timed by
-``cuvil bench --registry``'s 1-thread protocol (:func:`cuvil.bench_registry.time_together`: the two engines
+``cuvil bench --registry``'s 1-thread protocol (:func:`cuvil.bench.registry.time_together`: the two engines
 in this process, called in turn call by call on fresh random inputs, medians of the process CPU time and
 of the wall time per call), and on the example inputs the error of bf16 against fp32 per output:
 ``max |y_bf16 - y_fp32| / max |y_fp32|`` (normwise: elementwise relative errors are unbounded where an
@@ -43,7 +43,7 @@ def emulated(path: str, example: dict[str, np.ndarray]) -> list[np.ndarray] | No
         from onnx import TensorProto, helper, numpy_helper
     except ImportError:
         return None
-    from cuvil.graph.ops.bf16 import round_bf16
+    from cuvil.graph.ops.nn.bf16 import round_bf16
 
     m = onnx.load(path)
     inits = {i.name: i for i in m.graph.initializer}
@@ -75,8 +75,8 @@ def _err(ys: list[np.ndarray], refs: list[np.ndarray]) -> float:
 def bench(model: str, config: str, rounds: int, budget_s: float) -> str:
     """One table line for ``model``: compile seconds, medians (ms) and the outputs' error."""
     import cuvil
-    from cuvil import registry
-    from cuvil.bench_registry import Runner, time_together
+    from cuvil.bench.registry import Runner, time_together
+    from cuvil.models import registry
 
     path = registry.export(model, config)
     example = registry.example_inputs(model, config)
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=10.0, help="timing seconds per model")
     args = ap.parse_args(argv)
 
-    from cuvil.bench_model import load_average
+    from cuvil.bench.models import load_average
     from cuvil.target import Target
 
     feats = Target("llvm").enabled_features

@@ -15,7 +15,7 @@ import time
 
 import cuvil
 import cuvil.onnx
-from cuvil import registry
+from cuvil.models import registry
 
 
 def main() -> None:

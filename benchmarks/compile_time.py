@@ -53,7 +53,7 @@ def child(which: str, path: str, cache: str, jobs: int) -> dict[str, float]:
 
 
 def main() -> None:
-    from cuvil import registry
+    from cuvil.models import registry
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", help="registry names (default: all)")

@@ -3,7 +3,7 @@
     pip install -e ".[test,cuda]"        # plus torch for the cuBLAS / bandwidth references
     python benchmarks/gpu_check.py [--out gpu_check.json] [--quick]
 
-1. Correctness: the end-to-end test suite (tests/test_e2e_*.py) runs with one hypothesis example
+1. Correctness: the end-to-end test suite (tests/e2e/test_e2e_*.py) runs with one hypothesis example
    per property; every program it builds is also auto-scheduled for CUDA, run on the GPU on the same
    inputs, and compared with the CPU module (which the tests compare with numpy).
 2. fp32 matmul 4096^3: cuvil's auto-scheduled kernel against torch.matmul (cuBLAS, TF32 off).
@@ -51,13 +51,15 @@ def check_suite(quick: bool) -> dict[str, Any]:
     """Part 1: the e2e programs on the GPU against the CPU."""
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.jsonl")
-        env = dict(os.environ, CUVIL_PTX_REPORT=report, CUVIL_GPU_RUN="1", CUVIL_PTX_EXAMPLES="1")
+        support = os.path.join(ROOT, "tests", "support")  # the plugin and the e2e tests' helpers
+        env = dict(os.environ, CUVIL_PTX_REPORT=report, CUVIL_GPU_RUN="1", CUVIL_PTX_EXAMPLES="1",
+                   PYTHONPATH=os.pathsep.join([support, os.environ.get("PYTHONPATH", "")]))
         files = ["test_e2e_elementwise.py", "test_e2e_nn.py"] if quick else \
             ["test_e2e_elementwise.py", "test_e2e_index.py", "test_e2e_nn.py", "test_e2e_reductions.py"]
         t0 = time.time()
         try:
             proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "cuda_ptx_plugin", "-p",
-                                   "no:cacheprovider", *files], cwd=os.path.join(ROOT, "tests"), env=env,
+                                   "no:cacheprovider", *files], cwd=os.path.join(ROOT, "tests", "e2e"), env=env,
                                   capture_output=True, text=True, timeout=200)
             rc, tail = proc.returncode, proc.stdout[-600:]
         except subprocess.TimeoutExpired as exc:  # keep what was checked in the time allowed

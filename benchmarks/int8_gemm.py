@@ -1,4 +1,4 @@
-"""cuvil's integer contractions (cuvil.graph.ops.qkernels) beside cuvil fp32 and onnxruntime, 1 thread.
+"""cuvil's integer contractions (cuvil.graph.ops.quant.kernels) beside cuvil fp32 and onnxruntime, 1 thread.
 
     python benchmarks/int8_gemm.py              # every shape
     python benchmarks/int8_gemm.py --quick      # fewer repeats
@@ -33,7 +33,7 @@ import cuvil  # noqa: E402
 from cuvil import te  # noqa: E402
 from cuvil.graph.ir import Node  # noqa: E402
 from cuvil.graph.ops.base import NodeCtx  # noqa: E402
-from cuvil.graph.ops.qkernels import int_conv, int_matmul  # noqa: E402
+from cuvil.graph.ops.quant.kernels import int_conv, int_matmul  # noqa: E402
 
 GEMMS = [(128, 768, 3072), (128, 3072, 768), (3136, 576, 64)]
 CONV = (1, 64, 56, 56, 64, 3)  # N, C, H, W, O, kernel

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from cuvil.bench import median_time
+from cuvil.bench.ops import median_time
 
 
 def schedule(n: int, pack: bool):

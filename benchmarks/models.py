@@ -15,16 +15,13 @@ same interleaved rounds; ``--profile`` prints each model's per-kernel profile (c
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from onnx_models import bert_encoder_model, mlp, mobilenet_v2, resnet18  # noqa: E402
-
-from cuvil.bench import median_time  # noqa: E402
+from cuvil.bench.ops import median_time
+from cuvil.models.zoo import bert_encoder_model, mlp, mobilenet_v2, resnet18
 
 
 def _feeds(name: str, rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -22,7 +22,7 @@ import numpy as np
 
 import cuvil
 from cuvil import te
-from cuvil.bench import median_time
+from cuvil.bench.ops import median_time
 from cuvil.te import ops
 
 C_SOURCE = r"""

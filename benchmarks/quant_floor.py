@@ -5,8 +5,8 @@ same int8 file and beside cuvil's own fp32 of the model.
     python benchmarks/quant_floor.py --config ci --models resnet18   # the same checks on the small config
 
 For ResNet-18, ResNet-50 and BERT-base (``full`` configs), each quantized by onnxruntime's tool
-(:mod:`cuvil.registry.quantize`) and measured by ``cuvil bench --registry --quant``'s protocol at 1 thread
-(:func:`cuvil.bench_quant.bench_one`: the three engines in one process, in turn call by call, median
+(:mod:`cuvil.models.registry.quantize`) and measured by ``cuvil bench --registry --quant``'s protocol at 1 thread
+(:func:`cuvil.bench.quant.bench_one`: the three engines in one process, in turn call by call, median
 process CPU time):
 
 - QDQ U8S8: cuvil int8 >= 2x faster than cuvil fp32, and no slower than onnxruntime on the same file;
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cuvil.bench_quant import QuantRow
+    from cuvil.bench.quant import QuantRow
 
 # scheme -> (least cuvil fp32 / cuvil int8, whether cuvil may tie onnxruntime: "no slower" vs "faster")
 FLOOR = {"qdq-u8s8": (2.0, True), "qdq-s8s8": (1.5, False), "dynamic": (1.5, False)}
@@ -56,9 +56,9 @@ def onnxruntime_spread(model: str, scheme: str, config: str) -> float:
     kernels).  Rounding flips compound with depth, so on full-size models this can exceed 2 steps."""
     import onnxruntime as ort
 
-    from cuvil import registry
-    from cuvil.bench_quant import steps_apart
-    from cuvil.registry import quantize
+    from cuvil.bench.quant import steps_apart
+    from cuvil.models import registry
+    from cuvil.models.registry import quantize
 
     path = quantize.quantize(model, config, scheme)
     feeds = registry.example_inputs(model, config)
@@ -71,7 +71,7 @@ def onnxruntime_spread(model: str, scheme: str, config: str) -> float:
 
 
 def checks(row: QuantRow, least_speedup: float, may_tie: bool, config: str) -> list[Check]:
-    """The Floor's checks of one measured (model, scheme) (a :class:`cuvil.bench_quant.QuantRow`).  The
+    """The Floor's checks of one measured (model, scheme) (a :class:`cuvil.bench.quant.QuantRow`).  The
     outputs are checked against onnxruntime's as the tests check the ci files; at full size that is shown
     (INFO) beside how far onnxruntime's own two paths lie apart, not counted: the Floor asks it of the test
     set (the ci configs)."""
@@ -106,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=2.0, help="timing seconds per engine")
     args = ap.parse_args(argv)
 
-    from cuvil import bench_quant, bench_registry
-    from cuvil.bench_model import load_average
+    from cuvil.bench import quant as bench_quant
+    from cuvil.bench import registry as bench_registry
+    from cuvil.bench.models import load_average
 
     schemes = [s for s in args.schemes.split(",") if s]
     unknown = [s for s in schemes if s not in FLOOR]

@@ -31,7 +31,7 @@ def _first_line(exc: BaseException) -> str:
 
 def export(name: str, config: str, exporter: str) -> dict:
     """Export one model (or find it in the cache); a JSON-able row with the path and the time."""
-    from cuvil import registry
+    from cuvil.models import registry
 
     t = time.perf_counter()
     try:
@@ -48,7 +48,7 @@ def check(name: str, config: str, path: str) -> dict:
     import onnxruntime as ort
 
     import cuvil.onnx
-    from cuvil import registry
+    from cuvil.models import registry
 
     model = onnx.load(path, load_external_data=False)
     row: dict = {"ops": sorted({n.op_type for n in model.graph.node}), "nodes": len(model.graph.node)}
@@ -70,7 +70,7 @@ def check(name: str, config: str, path: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cuvil import registry
+    from cuvil.models import registry
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", choices=registry.CONFIGS, default="ci")

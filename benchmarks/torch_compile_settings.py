@@ -22,7 +22,7 @@ def main() -> None:
 
     import cuvil.onnx
     import cuvil.torch
-    from cuvil import registry
+    from cuvil.models import registry
     from cuvil.torch.backend import skip_weight_guards
 
     name, mode = sys.argv[1], sys.argv[2]

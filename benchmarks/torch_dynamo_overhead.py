@@ -23,7 +23,7 @@ def main() -> None:
 
     import cuvil.torch
     import cuvil.torch.backend as backend
-    from cuvil import registry
+    from cuvil.models import registry
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", nargs="?", default="mobilenetv2")

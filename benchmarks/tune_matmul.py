@@ -94,7 +94,7 @@ def final_use(job: dict) -> dict[str, list[float]]:
     wall time with more."""
     import cuvil
     from cuvil import te
-    from cuvil.bench import median_time as bench_median
+    from cuvil.bench.ops import median_time as bench_median
     from cuvil.schedule.auto import auto_schedule
 
     try:

@@ -17,7 +17,7 @@ import numpy as np
 
 def main() -> None:
     import cuvil.onnx
-    from cuvil import registry
+    from cuvil.models import registry
     from cuvil.options import CompileOptions
 
     name = sys.argv[1] if len(sys.argv) > 1 else "resnet18"

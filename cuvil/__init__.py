@@ -10,9 +10,6 @@ exported library runs through ``cuvil.runtime.load`` without either.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from cuvil.errors import (
     ArgumentError,
     BoundsError,
@@ -25,6 +22,7 @@ from cuvil.errors import (
     TargetError,
     UnsupportedOpError,
 )
+from cuvil.lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -42,19 +40,7 @@ _LAZY = {
     "autotune": ("cuvil.autotune", None),
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        mod, attr = _LAZY[name]
-        m = importlib.import_module(mod)
-        value = m if attr is None else getattr(m, attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'cuvil' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

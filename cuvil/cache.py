@@ -16,11 +16,13 @@ owner                                          limit  what an entry holds (and w
                                                       while compiling, and a model's layers repeat a few folded
                                                       kernels (bert-base QDQ: 8 distinct, GPT-2: 7); each module
                                                       holds its machine code
-``cuvil.graph.ops.nn._PANELS``                  1024  weights packed into panels, shared by the nodes (and the
+``cuvil.graph.ops.nn.matmul._PANELS``           1024  weights packed into panels, shared by the nodes (and the
                                                       programs) reading one array; an entry also leaves with its
                                                       array; the limit is above an LLM's weight count
 ``cuvil.schedule.bounds._PROVED``                256  the bounds proof of a program the tuner lowers under many
                                                       schedules: one program at a time needs it
+``cuvil.target._CPU_CHECKS``                      64  whether LLVM knows a target's CPU and feature names: a
+                                                      process names a few targets
 ``cuvil.codegen.llvm._MACHINES``                  32  an LLVM TargetMachine per (target, relocation model): a
                                                       process compiles for a few targets
 ``cuvil.autotune.board._EXEC_FACTS``              64  a board's facts, per command prefix: a few boards per process

@@ -1,11 +1,11 @@
 """cuvil's layers, lowest first: a module may import from its own layer and the layers below it, never
-from a layer above.  This table is the one place the layers are written down: ``tests/test_layering.py``
+from a layer above.  This table is the one place the layers are written down: ``tests/unit/test_layering.py``
 checks every import under ``cuvil/`` against it (module level and inside functions), and
 docs/architecture.md shows it (``python -m cuvil.layers`` prints the rows).
 
 A module belongs to the layer of the longest prefix in the table that names it (``cuvil.te.tensor`` is
-listed apart from the rest of ``cuvil.te``; ``cuvil.autotune.cli`` apart from the tuner); a new module
-that no prefix names fails the check until it is placed.
+listed apart from the rest of ``cuvil.te``); a new module that no prefix names fails the check until it is
+placed.
 
 The rules the check applies besides "down only":
 
@@ -31,7 +31,8 @@ class Layer:
 
 
 LAYERS: tuple[Layer, ...] = (
-    Layer("ground", ("cuvil", "cuvil.errors", "cuvil.dtype", "cuvil.target", "cuvil.cache", "cuvil.layers"),
+    Layer("ground", ("cuvil", "cuvil.errors", "cuvil.dtype", "cuvil.target", "cuvil.cache", "cuvil.layers",
+                     "cuvil.lazy"),
           "errors, dtypes, the target model, bounded caches, the package's front door"),
     Layer("loop IR", ("cuvil.ir",), "expressions and statements, printer, simplifier, passes"),
     Layer("tensor graph", ("cuvil.te.tensor",), "te's Tensor and Operation classes, which the scheduler reads"),
@@ -46,10 +47,9 @@ LAYERS: tuple[Layer, ...] = (
     Layer("tuner", ("cuvil.autotune",), "search, cost model, measurement, boards (writes the tuning records)"),
     Layer("sessions", ("cuvil.onnx", "cuvil.torch", "cuvil.decorator", "cuvil.llm"),
           "InferenceSession, cuvil.torch, @cuvil.compile, LLM loaders and generation (cuvil.llm)"),
-    Layer("tools", ("cuvil.cli", "cuvil.cli_onnx", "cuvil.autotune.cli", "cuvil.bench", "cuvil.bench_mca",
-                    "cuvil.bench_model", "cuvil.bench_quant", "cuvil.bench_registry", "cuvil.bench_torch",
-                    "cuvil.zoo", "cuvil.registry"),
-          "command line, benchmarks, the model zoo and registry"),
+    Layer("models", ("cuvil.models",),
+          "models to compile, outside the compiler: the zoo, the torch.nn registry, a model name -> an ONNX file"),
+    Layer("tools", ("cuvil.cli", "cuvil.bench"), "the command line (one parser) and the benchmarks"),
 )
 
 

@@ -222,7 +222,7 @@ class InferenceSession:
     def _options(self, num_threads: int | None, sess_options: Any, options: CompileOptions | None,
                  **given: Any) -> tuple[int | None, CompileOptions]:
         """The session's thread count and compile options, from its arguments and ``sess_options``."""
-        from cuvil.graph.ops.bf16 import resolve_precision
+        from cuvil.graph.ops.nn.bf16 import resolve_precision
         from cuvil.target import Target
 
         threads, level, self._profiling, self._profile_prefix = _read_options(sess_options)

@@ -34,7 +34,8 @@ from cuvil.schedule.astgen import ast_to_loops, generate_ast
 from cuvil.schedule.bounds import prove_bounds
 from cuvil.schedule.legality import check_program
 from cuvil.schedule.model import PolyModel, build_model, isl_budget
-from cuvil.schedule.schedule import Schedule, Stage
+from cuvil.schedule.schedule import Schedule
+from cuvil.schedule.stage import Stage
 from cuvil.schedule.storage import plan_storage
 from cuvil.schedule.timemap import build_time_maps, tail_dims
 from cuvil.te.tensor import PlaceholderOp, Tensor

@@ -30,8 +30,10 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sys
 from typing import Any
 
+from cuvil.cache import BoundedCache
 from cuvil.errors import TargetError
 
 _DEFAULT_CACHES = {"l1": 32 * 1024, "l2": 1024 * 1024, "l3": 8 * 1024 * 1024}
@@ -155,6 +157,8 @@ class Target:
                 self.cpu = opts.get("mcpu", "generic")
                 self.features = _parse_mattr(opts.get("mattr", ""), spec)
             _check_llvm_target(self.triple, spec)
+            if not host_cpu:
+                _check_cpu(self.triple, self.cpu, self.features, spec)
             table = ARM_CPUS if self.triple.startswith("aarch64") else X86_CPUS if self.triple.startswith(
                 "x86_64") else {}
             info = None if host_cpu else table.get(self.cpu)
@@ -216,6 +220,19 @@ class Target:
 
     def vector_lanes(self, dtype_bits: int) -> int:
         return max(1, self.vector_bits // dtype_bits)
+
+    def panel_lanes(self, itemsize: int) -> int:
+        """Lanes of one vector of ``itemsize``-byte elements, at least 4 (a 128-bit vector of 32-bit values,
+        also where the target has no vectors): the unit a packed weight panel is counted in."""
+        return max(4, self.vector_bits // (8 * itemsize))
+
+    def panel_width(self, itemsize: int) -> int:
+        """The columns of a packed weight panel of ``itemsize``-byte elements: two vectors of lanes
+        (:meth:`panel_lanes`), the width NR of the auto-scheduler's register tile for a contraction
+        (:mod:`cuvil.schedule.auto`).  The op builders lay constant weights out in panels of this many
+        columns (``W[n // P, k, n % P]``), so that each step of the reduction reads the tile's columns as
+        contiguous vectors; one number here keeps the layout and the tile in step."""
+        return 2 * self.panel_lanes(itemsize)
 
     @property
     def vector_registers(self) -> int:
@@ -333,6 +350,48 @@ def _check_llvm_target(triple: str, spec: str) -> None:
         llvm_binding().Target.from_triple(triple)
     except RuntimeError as exc:
         raise TargetError(f"LLVM has no backend for triple {triple!r} (from {spec!r}): {exc}") from None
+
+
+# (triple, cpu, features) -> LLVM's complaint about them ("" when it knows them all)
+_CPU_CHECKS: BoundedCache[tuple[str, str, str], str] = BoundedCache("cuvil.target._CPU_CHECKS", 64)
+
+
+def _check_cpu(triple: str, cpu: str, features: str, spec: str) -> None:
+    """Refuse a CPU or feature name LLVM does not know: LLVM only warns on stderr and goes on with a
+    generic CPU, which for x86-64 later aborts the process ("64-bit code requested on a subtarget that
+    doesn't support it").  The names are checked once per process by making a target machine with stderr
+    captured."""
+    if cpu in ("generic", "") and not features:
+        return
+    key = (triple, cpu, features)
+    if key not in _CPU_CHECKS:
+        _CPU_CHECKS[key] = _llvm_complaint(triple, cpu, features)
+    said = _CPU_CHECKS[key]
+    if said:
+        known = ", ".join(sorted(ARM_CPUS if triple.startswith("aarch64") else X86_CPUS))
+        raise TargetError(f"LLVM does not know {said} in target {spec!r} (CPUs cuvil has facts for: {known}; "
+                          f"any CPU name LLVM's backend for {triple.split('-')[0]} accepts works too)")
+
+
+def _llvm_complaint(triple: str, cpu: str, features: str) -> str:
+    """What LLVM writes to stderr when it makes a target machine for ``cpu`` and ``features``, reduced to
+    the names it did not recognise ("" for none)."""
+    import tempfile
+
+    binding = llvm_binding()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as err:
+        try:
+            os.dup2(err.fileno(), 2)
+            binding.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        err.seek(0)
+        text = err.read().decode(errors="replace")
+    names = dict.fromkeys(re.findall(r"'([^']+)' is not a recognized (processor|feature)", text))
+    return ", ".join(f"the {kind} {name!r}" for name, kind in names)
 
 
 def host_caches() -> dict[str, int]:

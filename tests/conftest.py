@@ -25,11 +25,12 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, settings
 
-# the test modules import their helpers as ``reference``; make that work whether
-# or not tests/ is a package and whatever pytest's import mode is
-_HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
+# the test modules (in tests/unit, tests/schedule, ... tests/e2e) import their helpers from tests/support as
+# ``reference``, ``toolchain``, ...; make that work whatever pytest's import mode is.  Child processes that import
+# a helper by name (tuning workers, scripts run by a test) get the same folder through PYTHONPATH.
+SUPPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
+if SUPPORT not in sys.path:
+    sys.path.insert(0, SUPPORT)
 
 for _name, _examples in (("ci", 20), ("dev", 100), ("thorough", 1000)):
     settings.register_profile(

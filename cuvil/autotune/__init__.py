@@ -13,14 +13,13 @@ record live below the graph compiler, in ``cuvil.schedule.workload``, ``.databas
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from cuvil.lazy import lazy_attributes
 
 _LAZY = {
     "tune": ("cuvil.autotune.api", "tune"),
     "TuneResult": ("cuvil.autotune.api", "TuneResult"),
     "random_inputs": ("cuvil.autotune.api", "random_inputs"),
-    "tune_model": ("cuvil.autotune.models", "tune_model"),
+    "tune_model": ("cuvil.autotune.whole_models", "tune_model"),
     "Database": ("cuvil.autotune.database", "Database"),
     "Record": ("cuvil.autotune.database", "Record"),
     "workload_key": ("cuvil.autotune.workload", "workload_key"),
@@ -32,16 +31,4 @@ _LAZY = {
 }
 
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        mod, attr = _LAZY[name]
-        value = getattr(importlib.import_module(mod), attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'cuvil.autotune' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

@@ -133,29 +133,12 @@ def tune(args: Sequence[Any], target: Any = None, trials: int = 64, db: Any = "c
     same runner, and the winner of that round is the database's best from then on (the untuned schedule
     when nothing beat it), with the time it had there.  In-run times are optimistic for the best of many
     noisy measurements; the final round is not.  ``final_top=0`` skips it (several calls that add trials
-    bit by bit, then one with the default to finish: :func:`cuvil.autotune.models.tune_kernels`).
+    bit by bit, then one with the default to finish: :func:`cuvil.autotune.whole_models.tune_kernels`).
     """
     from cuvil.runtime.threads import get_num_threads
-    from cuvil.target import Target
 
-    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-        raise ArgumentError(f"tune: trials must be a positive int, got {trials!r}")
-    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-        raise ArgumentError(f"tune: timeout_s must be a positive number of seconds, got {timeout_s!r}")
-    if search not in STRATEGIES:
-        raise ArgumentError(f"tune: unknown search {search!r}; use one of {', '.join(STRATEGIES)}")
-    if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
-                                    or num_threads < 1):
-        raise ArgumentError(f"tune: num_threads must be a positive int or None, got {num_threads!r}")
-    if target is None:  # a runner on boards (cuvil.autotune.DaskRunner) knows what they run
-        target = getattr(runner, "target", None) or "llvm"
-    tgt = target if isinstance(target, Target) else Target(target)
-    check = getattr(runner, "check_target", None)
-    if check is not None:
-        check(tgt)  # the boards' CPUs must run what tgt compiles (a clear error before the first trial)
-    elif tgt.kind != "llvm" or not tgt.is_host:
-        raise ArgumentError(f"tune: measuring needs this machine's CPU ('llvm'); {tgt.canonical!r} needs a remote "
-                            "runner on boards of that target (cuvil.autotune.DaskRunner)")
+    _check_arguments(trials, timeout_s, search, num_threads)
+    tgt = _measuring_target(target, runner)
     wl = workload_of(args, tgt)
     tag = f"{label} [{wl.key[:8]}]" if label else wl.key
     shapes = _shapes(args)
@@ -201,12 +184,55 @@ def tune(args: Sequence[Any], target: Any = None, trials: int = 64, db: Any = "c
             database.close()
 
 
+def _check_arguments(trials: Any, timeout_s: Any, search: str, num_threads: Any) -> None:
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise ArgumentError(f"tune: trials must be a positive int, got {trials!r}")
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ArgumentError(f"tune: timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    if search not in STRATEGIES:
+        raise ArgumentError(f"tune: unknown search {search!r}; use one of {', '.join(STRATEGIES)}")
+    if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
+                                    or num_threads < 1):
+        raise ArgumentError(f"tune: num_threads must be a positive int or None, got {num_threads!r}")
+
+
+def _measuring_target(target: Any, runner: Runner | None) -> Any:
+    """The target candidates are compiled for: ``target``, else the boards' of a runner on boards (which also
+    checks a given one), else the host's; without such a runner only this machine's CPU can measure."""
+    from cuvil.target import Target
+
+    if target is None:  # a runner on boards (cuvil.autotune.DaskRunner) knows what they run
+        target = getattr(runner, "target", None) or "llvm"
+    tgt = target if isinstance(target, Target) else Target(target)
+    check = getattr(runner, "check_target", None)
+    if check is not None:
+        check(tgt)  # the boards' CPUs must run what tgt compiles (a clear error before the first trial)
+    elif tgt.kind != "llvm" or not tgt.is_host:
+        raise ArgumentError(f"tune: measuring needs this machine's CPU ('llvm'); {tgt.canonical!r} needs a remote "
+                            "runner on boards of that target (cuvil.autotune.DaskRunner)")
+    return tgt
+
+
 def _progress(flag: bool | None) -> str:
     """How a run reports on stderr: "line" (one line kept up to date: a terminal), "log" (a line per batch:
     a notebook, a pipe, a log file) or "" (``progress=False``)."""
     if flag is False:
         return ""
     return "line" if sys.stderr.isatty() else "log"
+
+
+@dataclass
+class _Progress:
+    """What :func:`_loop` has seen so far in this call."""
+
+    best_rel: float | None  # the best time relative to the untuned schedule (earlier runs' records count)
+    measured: int = 0
+    failed: int = 0
+    curve: list[float] = field(default_factory=list)
+    untuned: float | None = None
+    ref0: float | None = None  # the untuned time beside this run's first candidate: the curve's scale
+    kept: dict[str, BuildResult] = field(default_factory=dict)  # config hash -> the build of every correct
+    # candidate of this call
 
 
 def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: int, db: Database, space: Space,
@@ -216,15 +242,10 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
     runner.set_inputs(inputs, [(shape, dtype) for _, shape, dtype, is_in in shapes if not is_in])
     default = space.default()
     best = db.best(wl.key, wl.target, threads)
-    best_rel = best.relative if best is not None else None
-    measured = failed = 0
-    curve: list[float] = []
-    untuned: float | None = None
-    ref0: float | None = None  # the untuned time beside this run's first candidate: the curve's scale
+    run = _Progress(best.relative if best is not None else None)
     first = config_hash(default) not in strategy.seen  # a fresh run: the untuned schedule is trial 0
     ref_build = None
     ref_path = os.path.join(tmp, "reference.so")
-    kept: dict[str, BuildResult] = {}  # config hash -> the build of every correct candidate of this call
     build_s: list[float] = []
     limit = float(getattr(builder, "timeout_s", 60.0))
     start = time.monotonic()
@@ -245,56 +266,73 @@ def _loop(args: Sequence[Any], wl: Workload, threads: int, trials: int, done: in
             # give up on it sooner than the first limit (the batch waits for it), but never under 20 s
             builder.timeout_s = max(20.0, min(limit, 5.0 * float(np.median(build_s))))  # type: ignore[attr-defined]
         if ref_build is None:
-            # the untuned schedule's outputs are the reference every candidate must match
-            ref_build = builds[0]
-            if ref_build.status != "ok":
-                raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not build: {ref_build.error}")
-            ref = runner.reference(ref_build)
-            if ref.status != "ok":
-                raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not run: {ref.error}")
-            kept[config_hash(default)] = ref_build
+            ref_build = _reference(wl, runner, builds[0])
+            run.kept[config_hash(default)] = ref_build
             builds = builds[len(extra):]
-        results = runner.run(builds, best_rel)  # each timed in turns with the untuned schedule
-        results = _confirm(runner, builds, results, best_rel)
+        results = runner.run(builds, run.best_rel)  # each timed in turns with the untuned schedule
+        results = _confirm(runner, builds, results, run.best_rel)
         for b, r in zip(builds, results):
-            ref_s = r.ref_time_s
-            ref0 = ref0 or ref_s
-            rec = Record(wl.key, wl.target, threads, config_hash(b.config), b.config, r.status, r.time_s, b.trace,
-                         wl.names, {"loops": b.loop_features, "build_s": round(b.seconds, 3)}, r.error, wl.flops,
-                         ref_time_s=ref_s)
-            db.add(rec)
-            strategy.observe(b.config, r.time_s if r.status == "ok" else None, ref_s)
-            measured += 1
-            failed += r.status != "ok"
-            if r.status == "ok" and r.time_s is not None:
-                if first and b.trial == jobs[0].trial:
-                    untuned = r.time_s
-                rel = r.time_s / ref_s if ref_s else None
-                if rel is not None:
-                    best_rel = rel if best_rel is None else min(best_rel, rel)
-            else:
-                log.info("tune: trial %d failed (%s): %s", b.trial, r.status, r.error.splitlines()[0] if r.error
-                         else "")
-            curve.append(best_rel * ref0 if best_rel is not None and ref0 else math.inf)
-            if r.status == "ok":
-                kept[config_hash(b.config)] = b  # the library stays until the final round
-            elif b.path and b.path != ref_path and os.path.exists(b.path):
-                os.unlink(b.path)
+            _record(run, wl, threads, db, strategy, b, r, jobs[0].trial if first else None, ref_path)
         done += len(cfgs)
         first = False
         if show:
-            eta = (time.monotonic() - start) / measured * (trials - done)
-            best_s = best_rel * ref0 if best_rel is not None and ref0 else None
-            rate = f" ({wl.flops / best_s / 1e9:.1f} GFLOP/s)" if best_s and wl.flops else ""
-            best_txt = f"{best_s * 1e3:.3f} ms{rate}, {1 / best_rel:.2f}x the untuned" if best_s and best_rel \
-                else "none yet"
-            text = (f"[cuvil tune {tag or wl.key}] {done}/{trials} trials, best {best_txt}, {failed} failed, "
-                    f"eta {eta:.0f} s")
-            if show == "line":
-                print(f"\r{text}   ", end="" if done < trials else "\n", file=sys.stderr, flush=True)
-            else:
-                print(text, file=sys.stderr, flush=True)
-    return _result(db, wl, threads, measured, failed, curve, untuned), kept
+            _show(run, wl, show, tag, done, trials, start)
+    return _result(db, wl, threads, run.measured, run.failed, run.curve, run.untuned), run.kept
+
+
+def _reference(wl: Workload, runner: Runner, ref_build: BuildResult) -> BuildResult:
+    """Run the untuned schedule's build: its outputs are the reference every candidate must match."""
+    if ref_build.status != "ok":
+        raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not build: {ref_build.error}")
+    ref = runner.reference(ref_build)
+    if ref.status != "ok":
+        raise CuvilError(f"tune: the untuned schedule of {wl.describe()} does not run: {ref.error}")
+    return ref_build
+
+
+def _record(run: _Progress, wl: Workload, threads: int, db: Database, strategy: Search, b: BuildResult,
+            r: RunResult, untuned_trial: int | None, ref_path: str) -> None:
+    """Commit one candidate's result to the database and the search; keep its library while it is correct
+    (for the final round), delete it otherwise.  ``untuned_trial``: the trial that is the untuned schedule."""
+    ref_s = r.ref_time_s
+    run.ref0 = run.ref0 or ref_s
+    rec = Record(wl.key, wl.target, threads, config_hash(b.config), b.config, r.status, r.time_s, b.trace,
+                 wl.names, {"loops": b.loop_features, "build_s": round(b.seconds, 3)}, r.error, wl.flops,
+                 ref_time_s=ref_s)
+    db.add(rec)
+    strategy.observe(b.config, r.time_s if r.status == "ok" else None, ref_s)
+    run.measured += 1
+    run.failed += r.status != "ok"
+    if r.status == "ok" and r.time_s is not None:
+        if b.trial == untuned_trial:
+            run.untuned = r.time_s
+        rel = r.time_s / ref_s if ref_s else None
+        if rel is not None:
+            run.best_rel = rel if run.best_rel is None else min(run.best_rel, rel)
+    else:
+        log.info("tune: trial %d failed (%s): %s", b.trial, r.status, r.error.splitlines()[0] if r.error
+                 else "")
+    run.curve.append(run.best_rel * run.ref0 if run.best_rel is not None and run.ref0 else math.inf)
+    if r.status == "ok":
+        run.kept[config_hash(b.config)] = b  # the library stays until the final round
+    elif b.path and b.path != ref_path and os.path.exists(b.path):
+        os.unlink(b.path)
+
+
+def _show(run: _Progress, wl: Workload, show: str, tag: str, done: int, trials: int, start: float) -> None:
+    """The progress line after a batch: trials, best so far, failures, ETA (see :func:`_progress`)."""
+    eta = (time.monotonic() - start) / run.measured * (trials - done)
+    best_rel, ref0 = run.best_rel, run.ref0
+    best_s = best_rel * ref0 if best_rel is not None and ref0 else None
+    rate = f" ({wl.flops / best_s / 1e9:.1f} GFLOP/s)" if best_s and wl.flops else ""
+    best_txt = f"{best_s * 1e3:.3f} ms{rate}, {1 / best_rel:.2f}x the untuned" if best_s and best_rel \
+        else "none yet"
+    text = (f"[cuvil tune {tag or wl.key}] {done}/{trials} trials, best {best_txt}, {run.failed} failed, "
+            f"eta {eta:.0f} s")
+    if show == "line":
+        print(f"\r{text}   ", end="" if done < trials else "\n", file=sys.stderr, flush=True)
+    else:
+        print(text, file=sys.stderr, flush=True)
 
 
 CONFIRM_WITHIN = 1.03  # a candidate within 3% of the best so far (or faster) is measured a second time

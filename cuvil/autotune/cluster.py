@@ -37,52 +37,9 @@ SCHEDULER_CONFIG: dict[str, Any] = {
 DEFAULT_PORT = 8786
 
 
-def add_parsers(sub: Any) -> None:
-    """The ``scheduler``, ``worker`` and ``cluster`` subcommands of ``cuvil``."""
-    p = sub.add_parser("scheduler", help="start a Dask scheduler for tuning boards (cuvil's defaults)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; another needs "
-                   "TLS or --insecure)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free one)")
-    p.add_argument("--worker-ttl", default=SCHEDULER_CONFIG["distributed.scheduler.worker-ttl"],
-                   help="drop a board silent this long (default %(default)s)")
-    p.add_argument("--no-workers-timeout", default=SCHEDULER_CONFIG["distributed.scheduler.no-workers-timeout"],
-                   help="fail a task no connected board can take after this long (default %(default)s)")
-    _tls_args(p)
-    w = sub.add_parser("worker", help="join a board to a cuvil scheduler: measures tuning candidates here")
-    w.add_argument("address", help="the scheduler, e.g. tls://tuner.local:8786")
-    w.add_argument("--board", required=True, help="this board's kind, e.g. rpi5 (the Dask resource "
-                   "cuvil-board-NAME)")
-    w.add_argument("--threads", type=int, default=1, help="threads the kernels run with (default 1)")
-    w.add_argument("--exec", dest="exec_prefix", default=None, metavar="PREFIX",
-                   help="measure on a board reached through this command prefix (e.g. \"qemu-aarch64 -L "
-                   "/usr/aarch64-linux-gnu\" or \"ssh pi@rpi\") with a C timing harness")
-    w.add_argument("--host", default=None, help="address this worker listens on (default: loopback when the "
-                   "scheduler is on loopback, else the interface that reaches it)")
-    w.add_argument("--port", type=int, default=0, help="port this worker listens on (default: any free one; the "
-                   "scheduler and the tuner connect to it: open it in a firewall)")
-    w.add_argument("--death-timeout", default="60s", help="give up when the scheduler cannot be reached for "
-                   "this long (default %(default)s)")
-    _tls_args(w)
-    c = sub.add_parser("cluster", help="the boards a cuvil scheduler knows")
-    csub = c.add_subparsers(dest="cluster_cmd")
-    s = csub.add_parser("status", help="list the boards: kind, address, facts, busy or idle")
-    s.add_argument("address", help="the scheduler, e.g. tls://tuner.local:8786")
-    s.add_argument("--board", default=None, help="only boards of this kind")
-    s.add_argument("--json", action="store_true", help="print the list as JSON (facts in full)")
-    s.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler (default 10)")
-    _tls_args(s)
-
-
-def _tls_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tls-ca-file", default=None, metavar="FILE", help="the cluster's CA certificate (PEM)")
-    p.add_argument("--tls-cert", default=None, metavar="FILE", help="this side's certificate (PEM), signed by the CA")
-    p.add_argument("--tls-key", default=None, metavar="FILE", help="its private key (PEM)")
-    p.add_argument("--insecure", action="store_true", help="allow plain TCP beyond loopback: anyone who reaches "
-                   "the port can run code on every board")
-
-
 def dispatch(args: argparse.Namespace) -> int | None:
-    """Run a cluster command; None when ``args`` is another command's."""
+    """Run a cluster command (its flags: :func:`cuvil.cli.parser.build_parser`); None when ``args`` is another
+    command's."""
     if args.cmd == "scheduler":
         return run_scheduler(args)
     if args.cmd == "worker":
@@ -151,7 +108,7 @@ def split_address(address: str, tls: bool) -> tuple[str, str, int]:
         raise ArgumentError(f"scheduler address {address!r}: the port {port!r} is not a number") from None
 
 
-def _connect_address(args: argparse.Namespace, sec: Any) -> str:
+def connect_address(args: argparse.Namespace, sec: Any) -> str:
     scheme, host, port = split_address(args.address, sec is not None)
     if scheme == "tls" and sec is None:
         raise ArgumentError(f"{args.address} is a TLS address: give --tls-ca-file, --tls-cert and --tls-key")
@@ -203,7 +160,7 @@ def run_worker(args: argparse.Namespace) -> int:
     from cuvil.autotune import board
 
     sec = security(args, "worker")
-    address = _connect_address(args, sec)
+    address = connect_address(args, sec)
     if args.threads < 1:
         raise ArgumentError(f"--threads {args.threads}: the kernels need at least one thread")
     cfg = board.configure(args.board, args.threads, args.exec_prefix)
@@ -245,7 +202,7 @@ def status(args: argparse.Namespace) -> int:
     from cuvil.autotune import board
 
     sec = security(args, "client")
-    address = _connect_address(args, sec)
+    address = connect_address(args, sec)
     try:
         client = Client(address, security=sec, timeout=args.timeout)
     except (OSError, TimeoutError) as exc:

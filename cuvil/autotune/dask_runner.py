@@ -73,6 +73,24 @@ class _Task:
     future: Any = None
 
 
+@dataclass
+class _Round:
+    """One :meth:`DaskRunner._dispatch` call: its tasks, their outcomes so far (None: not yet), the tasks that
+    died once and wait to be sent again one at a time, and the one of those on a board now."""
+
+    tasks: list[_Task]
+    opts: dict[str, Any]
+    out: list[Any]
+    suspects: list[int] = field(default_factory=list)
+    flying: int | None = None
+
+    def fail(self, k: int, status: str, why: str) -> None:
+        self.out[k] = [RunResult(status, None, why) for _ in range(self.tasks[k].count)]
+
+    def done(self) -> bool:
+        return all(o is not None for o in self.out)
+
+
 class DaskRunner:
     """Measures candidates on the Dask workers of board kind ``board`` (see the module doc).
 
@@ -273,84 +291,85 @@ class DaskRunner:
         """Run ``tasks`` on the boards; per task, its reply (a dict) or the failure (a list of RunResults)."""
         from distributed import wait as dask_wait
 
-        out: list[Any] = [None] * len(tasks)
-
-        def fail(k: int, status: str, why: str) -> None:
-            out[k] = [RunResult(status, None, why) for _ in range(tasks[k].count)]
-
+        rd = _Round(tasks, opts, [None] * len(tasks))
         for k, t in enumerate(tasks):
             if not self._submit(t, opts):
-                fail(k, "run_lost", self._none_left())
+                rd.fail(k, "run_lost", self._none_left())
         per = self.timeout_s * (3 + tasks[0].count if tasks else 0)
         limit = 60.0 + per * math.ceil(len(tasks) / max(1, len(self._live())))
         deadline = time.monotonic() + limit
         gone: float | None = None
-        suspects: list[int] = []  # tasks that died once, waiting to be sent again one at a time
-        flying: int | None = None  # the suspect on a board now
-        while any(o is None for o in out):
-            if flying is not None and out[flying] is not None:
-                flying = None
-            while flying is None and suspects:
-                k = suspects.pop(0)
-                if tasks[k].sent >= MAX_SENDS or not self._submit(tasks[k], opts):
-                    fail(k, "run_lost", self._none_left())
-                else:
-                    flying = k
-                    if not self.quiet:
-                        print(f"cuvil: a board of kind {self.board!r} died mid-measurement; its task is rerouted",
-                              file=sys.stderr, flush=True)
-            if all(o is not None for o in out):
+        while not rd.done():
+            self._send_suspect(rd)
+            if rd.done():
                 break
-            pending = {t.future: k for k, t in enumerate(tasks) if out[k] is None and k not in suspects}
+            pending = {t.future: k for k, t in enumerate(tasks) if rd.out[k] is None and k not in rd.suspects}
             try:
                 dask_wait(list(pending), timeout=2.0, return_when="FIRST_COMPLETED")
             except TimeoutError:
                 pass
             for fut, k in pending.items():
-                if fut.status not in ("finished", "error", "cancelled", "lost"):
-                    continue
-                t = tasks[k]
-                what, value = _outcome(fut)
-                if what == "reply":
-                    why = self._judge(value, t)
-                    if why is None:
-                        out[k] = value
-                        continue
-                    addr = str((value.get("board") or {}).get("address") if isinstance(value, dict) else "?")
-                    self._quarantine(addr, why)
-                    t.tried.append(addr)
-                    if t.sent >= MAX_SENDS or not self._submit(t, opts):
-                        fail(k, "run_error", f"a board returned no usable measurement ({why}); {self._none_left()}")
-                elif what == "error":
-                    fail(k, "run_error", f"the board task failed: {type(value).__name__}: {value}")
-                else:  # "died": the board died under it; "dropped": its data went with another board
-                    if what == "died":
-                        t.deaths += 1
-                        dead = str(getattr(getattr(value, "last_worker", None), "address", "") or "")
-                        if dead:
-                            t.tried.append(dead)
-                    if t.deaths >= 2:
-                        fail(k, "run_lost", f"the board measuring it died, and so did the one it was rerouted to "
-                                            f"({value})")
-                    elif what == "died":  # sent again when no other suspect is on a board (see the docstring)
-                        suspects.append(k)
-                        if flying == k:
-                            flying = None
-                    elif t.sent >= MAX_SENDS or not self._submit(t, opts):
-                        fail(k, "run_lost", self._none_left())
-            if all(o is not None for o in out):
+                if fut.status in ("finished", "error", "cancelled", "lost"):
+                    self._settle(rd, k, *_outcome(fut))
+            if rd.done():
                 break
             now = time.monotonic()
             gone = None if self._live() else (gone or now)
             for k, t in enumerate(tasks):
-                if out[k] is None and (now >= deadline or (gone is not None and now - gone > GONE_GRACE_S)):
+                if rd.out[k] is None and (now >= deadline or (gone is not None and now - gone > GONE_GRACE_S)):
                     t.future.cancel()
                     if now >= deadline:
-                        fail(k, "run_timeout", f"no reply from the boards of kind {self.board!r} within "
-                                               f"{limit:.0f} s (a board that stopped answering?)")
+                        rd.fail(k, "run_timeout", f"no reply from the boards of kind {self.board!r} within "
+                                                  f"{limit:.0f} s (a board that stopped answering?)")
                     else:
-                        fail(k, "run_lost", self._none_left())
-        return out
+                        rd.fail(k, "run_lost", self._none_left())
+        return rd.out
+
+    def _send_suspect(self, rd: _Round) -> None:
+        """Send the next task that died once, when no other such task is on a board."""
+        if rd.flying is not None and rd.out[rd.flying] is not None:
+            rd.flying = None
+        while rd.flying is None and rd.suspects:
+            k = rd.suspects.pop(0)
+            if rd.tasks[k].sent >= MAX_SENDS or not self._submit(rd.tasks[k], rd.opts):
+                rd.fail(k, "run_lost", self._none_left())
+            else:
+                rd.flying = k
+                if not self.quiet:
+                    print(f"cuvil: a board of kind {self.board!r} died mid-measurement; its task is rerouted",
+                          file=sys.stderr, flush=True)
+
+    def _settle(self, rd: _Round, k: int, what: str, value: Any) -> None:
+        """Task ``k``'s future has ended with ``what`` (:func:`_outcome`): keep the reply, send the task
+        again (elsewhere), or fail it."""
+        t = rd.tasks[k]
+        if what == "reply":
+            why = self._judge(value, t)
+            if why is None:
+                rd.out[k] = value
+                return
+            addr = str((value.get("board") or {}).get("address") if isinstance(value, dict) else "?")
+            self._quarantine(addr, why)
+            t.tried.append(addr)
+            if t.sent >= MAX_SENDS or not self._submit(t, rd.opts):
+                rd.fail(k, "run_error", f"a board returned no usable measurement ({why}); {self._none_left()}")
+        elif what == "error":
+            rd.fail(k, "run_error", f"the board task failed: {type(value).__name__}: {value}")
+        else:  # "died": the board died under it; "dropped": its data went with another board
+            if what == "died":
+                t.deaths += 1
+                dead = str(getattr(getattr(value, "last_worker", None), "address", "") or "")
+                if dead:
+                    t.tried.append(dead)
+            if t.deaths >= 2:
+                rd.fail(k, "run_lost", f"the board measuring it died, and so did the one it was rerouted to "
+                                       f"({value})")
+            elif what == "died":  # sent again when no other suspect is on a board (see the docstring)
+                rd.suspects.append(k)
+                if rd.flying == k:
+                    rd.flying = None
+            elif t.sent >= MAX_SENDS or not self._submit(t, rd.opts):
+                rd.fail(k, "run_lost", self._none_left())
 
     def _none_left(self) -> str:
         q = f" ({len(self.quarantined)} quarantined)" if self.quarantined else ""

@@ -5,7 +5,7 @@
   (mutations of one or two knobs, crossovers) and fresh random ones, ranked by the cost
   model, which is refitted on every measurement after each batch: the space's prior score
   (:meth:`Space.prior`, register-tile reasoning in log-speed units) plus boosted trees
-  (:class:`cuvil.autotune.model.BoostedTrees` on :meth:`Space.features`) fitted to what the prior
+  (:class:`cuvil.autotune.cost_model.BoostedTrees` on :meth:`Space.features`) fitted to what the prior
   gets wrong, so where nothing was measured the ranking falls back on the prior instead of on
   whatever the trees' last split says (a model fitted to the scores themselves ranked 1-row tiles
   first after 24 trials of an A^T B^T matmul: six trials at 0.3-0.7x); a quarter of each batch (at least one)
@@ -29,7 +29,7 @@ import random
 
 import numpy as np
 
-from cuvil.autotune.model import BoostedTrees
+from cuvil.autotune.cost_model import BoostedTrees
 from cuvil.autotune.space import Config, Space, config_hash
 
 

@@ -2,7 +2,7 @@
 :func:`cuvil.ir.expr.dot2_i16` (two 16-bit products per int32, summed in 32 bits) and
 :func:`cuvil.ir.expr.dot2_bf16` (two bfloat16 products per int32, summed in float32).
 
-An integer contraction (:mod:`cuvil.graph.ops.qkernels`) packs four reduction steps per int32 and sums
+An integer contraction (:mod:`cuvil.graph.ops.quant.kernels`) packs four reduction steps per int32 and sums
 ``dot4`` over them, because LLVM does not form the CPUs' dot-product instructions from a byte-wise
 loop.  In a vector loop ``acc + dot4(u, s)`` becomes one instruction per register of lanes where the
 target's features have one (never decided by the CPU's name):

@@ -30,7 +30,7 @@ Algorithms (polynomials evaluated by Horner's rule; ``fmul``/``fadd`` carry the
 The coefficients were fitted by ``tools/fit_vecmath.py`` (Lawson's minimax
 algorithm on the relative error, float64 references from numpy/math, then
 rounded to float32 one by one from the highest order down, re-fitting the rest).
-Measured maximum errors are in docs/codegen.md and tests/test_vecmath.py.
+Measured maximum errors are in docs/codegen.md and tests/codegen/test_vecmath.py.
 """
 
 from __future__ import annotations

@@ -248,8 +248,8 @@ def _light_copy(model: Any, light: Any) -> None:
 
 def _domain(n: Any) -> str:
     """A node's domain in the graph IR: the com.microsoft operators cuvil implements (onnxruntime's
-    quantizer writes them; :data:`cuvil.graph.ops.quant_ms.MS_OPS`) join the default domain."""
-    from cuvil.graph.ops.quant_ms import MS_OPS
+    quantizer writes them; :data:`cuvil.graph.ops.quant.ms.MS_OPS`) join the default domain."""
+    from cuvil.graph.ops.quant.ms import MS_OPS
 
     return "" if n.domain == "com.microsoft" and n.op_type in MS_OPS else n.domain
 

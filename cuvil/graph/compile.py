@@ -15,12 +15,13 @@ Every importer (ONNX, PyTorch) hands its graph here; nothing else compiles whole
                replaying a tuning record) and lowered to loop IR; kernels are cached (in memory and on
                disk) by op, attributes, input shapes and the values the builders read; a group whose
                inputs are all known is run now and its outputs become constants (folding)
-5. **link**    the kernels into one LLVM module whose entry point makes the calls in order
+5. **link**    each kernel compiled into an object file of its own (in workers), and an entry point
+               that makes the calls in order: one native module (:mod:`cuvil.graph.link`)
 6. **memory**  temporaries share one arena, reused by lifetime (:mod:`cuvil.graph.memplan`)
 
 A kernel whose automatic schedule isl cannot handle within its operation bound takes a plainer one
 (the te order); a fused group that does not compile is compiled node by node.  Each such fallback is
-one ``cuvil.schedule`` log line and one entry of ``prog.fallbacks``.
+one ``cuvil.schedule`` log line and one entry of ``prog.fallbacks``.  docs/graph.md tells the whole story.
 """
 
 from __future__ import annotations
@@ -92,11 +93,11 @@ def compile_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Ma
     each fusion group is one kernel; otherwise each node is.  ``progress(done, total, node)`` is called per
     group; ``on_kernel(key, args, label)`` per kernel call.  ``bounds_checks=False`` leaves out the run-time
     bounds checks (of indices read from inputs: a Gather's).  ``precision="bf16"``: contractions with
-    constant weights multiply in bfloat16 (cuvil/graph/ops/bf16.py; float32 with a warning on a CPU without
+    constant weights multiply in bfloat16 (cuvil/graph/ops/nn/bf16.py; float32 with a warning on a CPU without
     AVX512-BF16).  Raises ``NeedsValue`` when a builder needs a fed input's value."""
     from cuvil.graph.fuse import Group, fusion_groups
     from cuvil.graph.memplan import lifetimes, plan_memory
-    from cuvil.graph.ops.bf16 import resolve_precision
+    from cuvil.graph.ops.nn.bf16 import resolve_precision
     from cuvil.target import Target
 
     opts = CompileOptions.of(options, **given).resolved()
@@ -184,7 +185,7 @@ def kernel_name(key: tuple) -> str:
     ``Conv 1x64x56x56 * 64x64x3x3 (+Add+Relu)``."""
     members = [m for m in key[1:] if isinstance(m, tuple)] if key[0] == "fused" else [key]  # (not the build's
     # additions to a key: the options tag, a tuning database)
-    first = members[0]  # (target, op type, opset, attrs, spec, values, outputs...): see _node_key
+    first = members[0]  # (target, op type, opset, attrs, spec, values, outputs...): see kernel_cache.node_key
     dims, weight = [], False
     for e in first[4]:
         if e is None or e[0] == "fused" or (e[2] and (weight or len(e[0]) < 2)):
@@ -211,30 +212,6 @@ def clear_kernels() -> None:
     constants with them."""
     _KERNELS.clear()
     _FOLDERS.clear()
-
-
-def _digest(a: np.ndarray) -> str:
-    return hashlib.sha1(contiguous(a).tobytes() + str((a.dtype, a.shape)).encode()).hexdigest()
-
-
-def _attr_key(v: Any) -> Any:
-    if isinstance(v, np.ndarray):
-        return ("array", _digest(v))
-    if isinstance(v, (list, tuple)):
-        return tuple(_attr_key(x) for x in v)
-    return repr(v)
-
-
-def _node_key(ctx: NodeCtx, target: str) -> tuple:
-    n = ctx.node
-    # shape, dtype and whether the value is known at compile time (builders may branch on that)
-    # (an input computed by an earlier member of a fused kernel: which member, and its kernel shape)
-    spec = tuple(None if e is None else (tuple(e.shape), e.dtype, False) if isinstance(e, Runtime) else (
-        "fused", e.member, tuple(e.shape), e.dtype, e.kernel_shape) if isinstance(e, Fused) else (
-        tuple(e.shape), e.dtype.name, True) for e in ctx.entries)
-    values = tuple((i, _digest(np.asarray(ctx.entries[i]))) for i in sorted(ctx.value_reads))
-    attrs = tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items()))
-    return (target, n.op_type, ctx.opset, attrs, spec, values, len(n.outputs)) + ((ctx.variant,) if ctx.variant else ())
 
 
 def lower_kernel(what: str, args: list[Any], placeholders: list[Any], options: CompileOptions
@@ -286,20 +263,6 @@ def _tensor_and_shape(o: Any) -> tuple[Any, tuple[int, ...] | None]:
     return None, None
 
 
-def _db_key(tuning_db: Any) -> tuple | None:
-    """What a kernel cache key records of a tuning database: its file's identity and last change (a new
-    record makes every kernel look again); None when it cannot be told (a database in memory)."""
-    path = os.fspath(tuning_db) if isinstance(tuning_db, (str, os.PathLike)) else getattr(tuning_db, "path", None)
-    if path is None or path == ":memory:":
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return ("tuning_db", os.path.abspath(path), "absent")
-    board = getattr(tuning_db, "board", None)  # a database scoped to a board kind (Database.on) replays its records
-    return ("tuning_db", os.path.abspath(path), st.st_mtime_ns, st.st_size) + ((board,) if board is not None else ())
-
-
 class _GraphCompiler:
     """The state of one :func:`compile_graph`: buffers (slots), the values of the graph's names (env),
     the kernel calls in run order, and the fallbacks taken."""
@@ -325,8 +288,8 @@ class _GraphCompiler:
         # worker processes that lower kernels (1: none); a database object in memory stays in this process
         picklable_db = options.tuning_db is None or isinstance(options.tuning_db, (str, os.PathLike))
         self.workers = parallel.Workers(parallel.workers_for(options) if picklable_db else 1)
-        self._pending: dict[tuple, _Pending] = {}  # key -> a kernel to lower in a worker (resolve())
-        self._queued: list[_Pending] = []  # not yet submitted: the workers are forked when two wait
+        self._pending: dict[tuple, _Kernel] = {}  # key -> a kernel to lower in a worker (resolve())
+        self._queued: list[_Kernel] = []  # not yet submitted: the workers are forked when two wait
         self.keys: dict[int, tuple] = {}  # id(kernel) -> its cache key, which names its machine code (link)
         self._const_slot: dict[int, int] = {}
         self.env: dict[str, Entry] = dict(graph.initializers)
@@ -376,8 +339,8 @@ class _GraphCompiler:
             else:
                 computed.append((k, t, shape))
         if computed:
-            results = self.kernel(_node_key(ctx, self.target.canonical), [ctx], [(t, s) for _, t, s in computed],
-                                  f"{node.op_type} {node.name!r}")
+            key = kernel_cache.node_key(ctx, self.target.canonical)
+            results = self.kernel(key, [ctx], [(t, s) for _, t, s in computed], f"{node.op_type} {node.name!r}")
             for (k, _, _), r in zip(computed, results):
                 outs[k] = r
         for name, o in zip(node.outputs, outs):
@@ -405,7 +368,7 @@ class _GraphCompiler:
             return False
         last = local[nodes[-1].outputs[0]]
         last = dataclasses.replace(last, tensor=inline_elementwise(last.tensor, self.options.heuristics))  # one stage
-        key = ("fused",) + tuple(_node_key(ctx, self.target.canonical) for ctx in ctxs)
+        key = ("fused",) + tuple(kernel_cache.node_key(ctx, self.target.canonical) for ctx in ctxs)
         label = f"{'+'.join(n.op_type for n in nodes)} {nodes[0].name!r}"
         try:
             [self.env[nodes[-1].outputs[0]]] = self.kernel(key, ctxs, [(last.tensor, last.shape)], label)
@@ -425,50 +388,28 @@ class _GraphCompiler:
         key = key + (self.options_tag,)  # target, precision, bounds checks, Winograd, thresholds
         cached = True
         if self.tuning_db is not None:
-            db = _db_key(self.tuning_db)
+            db = kernel_cache.db_key(self.tuning_db)
             cached = db is not None
             key = key + (db,)
         ins = [ctx.entries[i] for ctx, i, _ in placeholders]
         folded = all(isinstance(e, np.ndarray) for e in ins)
-        hit = _KERNELS.get(key) if cached else None
-        if hit is None and cached:
-            hit = self._pending.get(key)  # (the same kernel earlier in this model: lowered once)
-        if hit is not None and isinstance(hit, _Pending) and folded:  # its values needed now
-            try:
-                hit = hit.wait()
-            except parallel.WorkersLost as exc:
-                raise _Serial(f"the worker processes were lost ({exc})") from None
-        if hit is not None:
-            func, why = hit if not isinstance(hit, _Pending) else (hit, None)
-        else:
-            func = kernel_cache.load(key) if cached else None
-            if func is None and not folded and cached and self.workers.jobs > 1:  # lowered in a worker
-                func = self._pending[key] = _Pending(key, label, (args, [p for _, _, p in placeholders], self.options))
-                why = None
-                self._queue(func)
-            if func is None:
-                func, why = lower_kernel(label, args, [p for _, _, p in placeholders], self.options)
-                if cached:
-                    kernel_cache.store(key, func)
-                    if why is not None:
-                        kernel_cache.store(("fallback",) + key, why)
-            elif not isinstance(func, _Pending):
-                why = kernel_cache.load(("fallback",) + key)
-            if cached and not isinstance(func, _Pending):
-                _KERNELS[key] = (func, why)
-        if cached and not isinstance(func, _Pending):
-            self.keys[id(func)] = key
-        if folded:
+        kernel = self.lookup(key, label, (args, [p for _, _, p in placeholders], self.options), cached, folded)
+        if folded:  # its values are needed now
+            func, _ = self.wait(kernel)
             try:
                 results = _fold(func, [np.reshape(e, t_shape(p)) for e, (_, _, p) in zip(ins, placeholders)],
                                 [(t_shape(t), t.dtype) for t, _ in outs], self.target)
             except BoundsError as exc:  # an index out of range among constants: refused while compiling
                 raise BoundsError(f"{label}: {exc}") from None
             return [r.reshape(shape) for r, (_, shape) in zip(results, outs)]
-        if isinstance(func, _Pending):
-            func.labels.append(label)  # (its fallback, if any, is recorded by resolve())
-        elif why is not None:
-            self.fallbacks.append(f"{label}: {why}")
+        if kernel.done is None:
+            kernel.labels.append(label)  # (its fallback, if any, is recorded by resolve())
+        else:
+            func, why = kernel.done
+            if cached:
+                self.keys[id(func)] = key
+            if why is not None:
+                self.fallbacks.append(f"{label}: {why}")
         if self.on_kernel is not None:
             self.on_kernel(key, args, label)
         origin = frozenset().union(*(e.origin for e in ins if isinstance(e, Runtime)))
@@ -478,13 +419,34 @@ class _GraphCompiler:
             self.slots.append(Slot("temp", t.dtype, math.prod(shape)))
             results.append(Runtime(len(self.slots) - 1, shape, t.dtype, origin))
             arg_slots.append(len(self.slots) - 1)
-        self.calls.append((func, tuple(arg_slots)))
+        self.calls.append((kernel, tuple(arg_slots)))
         self.labels.append(label)
         self.call_flops.append(contraction_flops(args))
         self.call_nodes.append(tuple((ctx.node.op_type, ctx.node.name, tuple(ctx.node.inputs)) for ctx in ctxs))
         return results
 
-    def _queue(self, p: _Pending) -> None:
+    def lookup(self, key: tuple, label: str, task: tuple[Any, ...], cached: bool, folded: bool) -> _Kernel:
+        """The kernel of ``key`` (``task``: :func:`lower_kernel`'s arguments after the label): from the
+        kernel caches (in memory, this model's kernels in workers, on disk), else queued for a worker
+        (not one to fold: its values are needed now), else lowered here (and cached when ``cached``)."""
+        if cached:
+            done = _KERNELS.get(key)
+            if done is None and key in self._pending:  # (the same kernel earlier in this model: lowered once)
+                return self._pending[key]
+            func = kernel_cache.load(key) if done is None else None
+            if func is not None:
+                done = _KERNELS[key] = (func, kernel_cache.load(("fallback",) + key))
+            if done is not None:
+                return _Kernel(key, label, task, done)
+            if not folded and self.workers.jobs > 1:
+                kernel = self._pending[key] = _Kernel(key, label, task)
+                self._queue(kernel)
+                return kernel
+        kernel = _Kernel(key, label, task)
+        kernel.wait(keep=cached)
+        return kernel
+
+    def _queue(self, p: _Kernel) -> None:
         """Submit ``p`` to the workers, with the kernel queued before it, once there are two (a graph of one
         kernel to lower forks no process: it is lowered here)."""
         self._queued.append(p)
@@ -497,21 +459,28 @@ class _GraphCompiler:
             self.workers.jobs = 1  # the rest here
         self._queued = []
 
+    @staticmethod
+    def wait(kernel: _Kernel, resolving: bool = False) -> tuple[Any, str | None]:
+        """``kernel`` lowered; :class:`_Serial` when the workers were lost or, ``resolving``, when it failed (a
+        fused group that does not compile: this process would have compiled its nodes one by one)."""
+        try:
+            return kernel.wait()
+        except parallel.WorkersLost as exc:
+            raise _Serial(f"the worker processes were lost ({exc})") from None
+        except CuvilError as exc:
+            if not resolving:
+                raise
+            raise _Serial(f"{kernel.label}: {first_line(exc)}") from None
+
     def resolve(self) -> None:
-        """Wait for the kernels lowered in workers and put them in the calls (each kept in the kernel
-        caches, its fallback recorded); :class:`_Serial` when one failed (a fused group that does not
-        compile: this process would have compiled its nodes one by one) or the workers were lost."""
+        """Wait for the kernels lowered in workers and put every kernel in the calls (each kept in the kernel
+        caches, its fallback recorded)."""
         for p in self._pending.values():
-            try:
-                func, why = p.wait()
-            except parallel.WorkersLost as exc:
-                raise _Serial(f"the worker processes were lost ({exc})") from None
-            except CuvilError as exc:
-                raise _Serial(f"{p.label}: {first_line(exc)}") from None
+            func, why = self.wait(p, resolving=True)
             if why is not None:
                 self.fallbacks.extend(f"{label}: {why}" for label in p.labels)
             self.keys[id(func)] = p.key
-        self.calls = [(f.func if isinstance(f, _Pending) else f, a) for f, a in self.calls]
+        self.calls = [(kernel.done[0], a) for kernel, a in self.calls]
         self._pending.clear()
 
     def outputs(self) -> list[tuple[str, Runtime | np.ndarray]]:
@@ -536,33 +505,32 @@ class _Serial(Exception):
     """A kernel lowered in a worker failed: the graph is compiled again in this process."""
 
 
-class _Pending:
-    """A kernel being lowered in a worker process: a call's function until :meth:`_GraphCompiler.resolve`."""
+class _Kernel:
+    """A kernel as the cache lookup returns it (:meth:`_GraphCompiler.lookup`): lowered (``done``: the
+    loop IR and why it fell back), or being lowered in a worker process until :meth:`wait`."""
 
-    def __init__(self, key: tuple, label: str, task: tuple[Any, ...]):
+    def __init__(self, key: tuple, label: str, task: tuple[Any, ...], done: tuple[Any, str | None] | None = None):
         self.key = key
         self.label = label
         self.task = task  # lower_kernel's arguments after the label
         self.future: Any = None  # submitted to a worker (else lowered here by wait())
         self.labels: list[str] = []  # the calls of it (their fallbacks name them)
-        self._done: tuple[Any, str | None] | None = None
+        self.done = done
 
-    @property
-    def func(self) -> Any:
-        return self.wait()[0]
-
-    def wait(self) -> tuple[Any, str | None]:
-        """The lowered kernel and why it fell back (kept in the caches the first time)."""
-        if self._done is None:
+    def wait(self, keep: bool = True) -> tuple[Any, str | None]:
+        """The lowered kernel and why it fell back (with ``keep``, kept in the caches the first time)."""
+        if self.done is None:
             if self.future is not None:
                 func, why = parallel.lowered(self.future)
             else:
                 func, why = lower_kernel(self.label, *self.task)
-            kernel_cache.store(self.key, func)
-            if why is not None:
-                kernel_cache.store(("fallback",) + self.key, why)
-            _KERNELS[self.key] = self._done = (func, why)
-        return self._done
+            if keep:
+                kernel_cache.store(self.key, func)
+                if why is not None:
+                    kernel_cache.store(("fallback",) + self.key, why)
+                _KERNELS[self.key] = (func, why)
+            self.done = (func, why)
+        return self.done
 
 
 def _copy(e: Runtime, slots: list[Slot], calls: list, target: Any, keys: dict[int, tuple]) -> Runtime:

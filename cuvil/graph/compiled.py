@@ -41,10 +41,13 @@ def contiguous(a: Any) -> np.ndarray:
 
 def link(calls: list[tuple[Any, tuple[int, ...]]], target: Any, workers: Any = None,
          keys: Mapping[int, tuple] | None = None) -> tuple[list[Any], list[Any], Any]:
-    """The distinct kernels of ``calls`` (each named ``k0``, ``k1``, ...), the calls by those names, and
-    the one native module whose entry point makes the calls in order (None when there are none); its
-    kernels' machine code is made by ``workers`` (:class:`cuvil.graph.parallel.Workers`; None: here).
-    ``keys`` (id of a kernel -> its cache key) name the kernels' machine code in the kernel cache."""
+    """The distinct kernels of ``calls``, the calls by the kernels' names, and the one native module whose
+    entry point makes the calls in order (None when there are none); its kernels' machine code is made by
+    ``workers`` (:class:`cuvil.graph.parallel.Workers`; None: here).  A kernel's identity is the digest of
+    its cache key (``keys``: id of a kernel -> its key), else of its loop IR; it names the kernel
+    (``k`` + 12 hex digits: equal kernels of two compiled graphs have one name, cuvil/graph/link.py) and
+    its machine code in the kernel cache."""
+    from cuvil.graph import kernel_cache
     from cuvil.graph.link import KernelCall, LinkedModule
 
     names: dict[int, str] = {}
@@ -53,10 +56,12 @@ def link(calls: list[tuple[Any, tuple[int, ...]]], target: Any, workers: Any = N
     linked_calls = []
     for func, args in calls:
         if id(func) not in names:
-            names[id(func)] = f"k{len(names)}"
-            kernels.append(dataclasses.replace(func, name=names[id(func)]))
             key = (keys or {}).get(id(func))
-            ids.append(None if key is None else hashlib.sha256(repr(key).encode()).hexdigest())
+            ident = (hashlib.sha256(repr(key).encode()).hexdigest() if key is not None else
+                     kernel_cache.module_key([func], [], target, "kernel"))
+            names[id(func)] = f"k{ident[:12]}"
+            kernels.append(dataclasses.replace(func, name=names[id(func)]))
+            ids.append(ident)
         linked_calls.append(KernelCall(names[id(func)], args))
     module = LinkedModule(kernels, linked_calls, target, workers=workers, kernel_ids=ids) if linked_calls else None
     return kernels, linked_calls, module

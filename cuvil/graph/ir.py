@@ -40,6 +40,21 @@ class Node:
         return f"{self.op_type} node {self.name!r}"
 
 
+@dataclass(frozen=True)
+class Uses:
+    """Who writes and who reads each value of a graph (:meth:`Graph.uses`), for passes that look at a
+    node's neighbours."""
+
+    producer: dict[str, Node]  # a value -> the node that writes it
+    readers: dict[str, list[Node]]  # a value -> the nodes that read it, in order, once per input that reads it
+    outputs: frozenset[str]  # the graph outputs' names
+
+    def only_reader(self, name: str) -> Node | None:
+        """The one node that reads ``name``, if it has one reader (counted per input) and is not a graph output."""
+        r = self.readers.get(name, [])
+        return r[0] if len(r) == 1 and name not in self.outputs else None
+
+
 @dataclass
 class Graph:
     """A model: inputs to feed, outputs to return, constant tensors and nodes in execution order."""
@@ -58,6 +73,16 @@ class Graph:
     def feeds(self) -> list[ValueInfo]:
         """The inputs a caller must feed (graph inputs without an initializer)."""
         return [v for v in self.inputs if v.name not in self.initializers]
+
+    def uses(self) -> Uses:
+        """Each value's producer and readers (built anew on each call: a pass makes a new graph)."""
+        producer = {o: n for n in self.nodes for o in n.outputs if o}
+        readers: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for x in n.inputs:
+                if x:
+                    readers.setdefault(x, []).append(n)
+        return Uses(producer, readers, frozenset(v.name for v in self.outputs))
 
     def op_types(self) -> dict[str, list[str]]:
         """Each op type with the names of its nodes."""

@@ -5,6 +5,9 @@ values it was specialised on) with the cuvil version, the source of every cuvil 
 the scheduler or the lowering invalidates everything) and the canonical target.  Entries are
 pickled :class:`~cuvil.ir.stmt.LoweredFunc` objects.
 
+A node's kernel is keyed by :func:`node_key` (its op, attributes, what its inputs are and the values its
+builder read), and a tuning database by :func:`db_key`.
+
 Linked modules keep their machine code here too (:func:`module_key`, :func:`load_object`,
 :func:`store_object`): a model whose kernels and calls are all unchanged skips LLVM (code generation,
 O3 and the JIT's machine code) and loads its object file into the JIT.
@@ -24,6 +27,8 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 
 def cache_dir() -> str | None:
     """The cache directory, or None when caching is off."""
@@ -38,14 +43,13 @@ def cache_dir() -> str | None:
 # valid.  The tuning-record lookup and replay (schedule/records.py, database.py, workload.py) are in the
 # key, and so is any new file: an omission costs a recompile, never a stale kernel
 _NOT_IN_KERNELS = frozenset({
-    "autotune/__init__.py", "autotune/api.py", "autotune/cli.py", "autotune/measure.py", "autotune/model.py",
-    "autotune/models.py", "autotune/search.py", "autotune/space.py", "autotune/worker.py",
+    "autotune/__init__.py", "autotune/api.py", "autotune/measure.py", "autotune/cost_model.py",
+    "autotune/whole_models.py", "autotune/search.py", "autotune/space.py", "autotune/worker.py",
     "autotune/database.py", "autotune/replay.py", "autotune/workload.py",  # re-exports of schedule/'s
     "layers.py",
-    "cli.py", "cli_onnx.py", "bench.py", "bench_model.py", "bench_registry.py", "bench_torch.py",
-    "zoo.py", "onnx.py", "registry", "decorator.py",
+    "cli", "bench", "models", "onnx.py", "decorator.py",
     "frontend", "torch",  # importers write graph IR: a kernel's key holds its op, attributes and shapes
-    "graph/export.py", "graph/export_api.py", "graph/export_header.py", "graph/profile.py", "runtime/loader.py",
+    "graph/export", "graph/profile.py", "runtime/loader.py",
 })
 
 
@@ -173,3 +177,51 @@ def load_object(key: str) -> bytes | None:
 def store_object(key: str, data: bytes) -> None:
     """Keep a linked module's object code under ``key`` (written atomically; failures are ignored)."""
     _write(_path(("object", key), ".o"), bytes(data))
+
+
+# -- what a kernel's key holds ---------------------------------------------------------------
+
+
+def _digest(a: Any) -> str:
+    from cuvil.graph.compiled import contiguous
+
+    a = np.asarray(a)
+    return hashlib.sha1(contiguous(a).tobytes() + str((a.dtype, a.shape)).encode()).hexdigest()
+
+
+def _attr_key(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return ("array", _digest(v))
+    if isinstance(v, (list, tuple)):
+        return tuple(_attr_key(x) for x in v)
+    return repr(v)
+
+
+def node_key(ctx: Any, target: str) -> tuple:
+    """The key of one node's kernel (``ctx``: its builder's :class:`~cuvil.graph.ops.base.NodeCtx`): target, op,
+    opset, attributes, what its inputs are, the input values its builder read, its outputs, its variant."""
+    from cuvil.graph.ops.base import Fused, Runtime
+
+    n = ctx.node
+    # shape, dtype and whether the value is known at compile time (builders may branch on that)
+    # (an input computed by an earlier member of a fused kernel: which member, and its kernel shape)
+    spec = tuple(None if e is None else (tuple(e.shape), e.dtype, False) if isinstance(e, Runtime) else (
+        "fused", e.member, tuple(e.shape), e.dtype, e.kernel_shape) if isinstance(e, Fused) else (
+        tuple(e.shape), e.dtype.name, True) for e in ctx.entries)
+    values = tuple((i, _digest(ctx.entries[i])) for i in sorted(ctx.value_reads))
+    attrs = tuple(sorted((k, _attr_key(v)) for k, v in n.attrs.items()))
+    return (target, n.op_type, ctx.opset, attrs, spec, values, len(n.outputs)) + ((ctx.variant,) if ctx.variant else ())
+
+
+def db_key(tuning_db: Any) -> tuple | None:
+    """What a kernel cache key records of a tuning database: its file's identity and last change (a new
+    record makes every kernel look again); None when it cannot be told (a database in memory)."""
+    path = os.fspath(tuning_db) if isinstance(tuning_db, (str, os.PathLike)) else getattr(tuning_db, "path", None)
+    if path is None or path == ":memory:":
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ("tuning_db", os.path.abspath(path), "absent")
+    board = getattr(tuning_db, "board", None)  # a database scoped to a board kind (Database.on) replays its records
+    return ("tuning_db", os.path.abspath(path), st.st_mtime_ns, st.st_size) + ((board,) if board is not None else ())

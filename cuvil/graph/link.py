@@ -15,8 +15,20 @@ generator into the same module under its own name; a kernel called several times
 ``void <entry>_set_num_threads(int32_t n)`` sets the thread count of every kernel's parallel loops.
 To run here, each kernel is compiled (O3, machine code) into an object file of its own, in worker
 processes (:mod:`cuvil.graph.parallel`) and kept in the kernel cache; the JIT loads them beside the entry
-point's, and a run is one native call.  Source and export (``get_source``, a ``.so``) take the whole
-module through one O3 run.
+point's, and a run is one native call.  An export (:mod:`cuvil.graph.export`) links the same object files
+into its ``.so`` (:meth:`LinkedModule.kernel_objects`): each kernel is compiled once.  ``get_source``
+takes the whole module through one O3 run.
+
+A kernel is named after its identity (``k`` and 12 hex digits of its cache key's digest, or of its loop
+IR's fingerprint), so the kernels of several signatures link into one library side by side, and a
+kernel equal in two of them is one object file.
+
+Relocation model (:func:`kernel_reloc`): a shared library needs position-independent code.  On x86-64
+the JIT's objects are PIC already (small code model: MCJIT puts each call to another object or a library
+through a stub, and an object's code and constants are mapped next to each other), so the export reuses
+them as they are; measured on the ResNet block: the same outputs bit for bit and the same run time as
+the JIT's former static, large-code-model objects.  Elsewhere (AArch64 hosts, untested with PIC in MCJIT)
+the JIT keeps its default model and an export compiles PIC objects of its own.
 """
 
 from __future__ import annotations
@@ -62,12 +74,19 @@ def new_module(name: str, target: Any) -> Any:
     return module
 
 
-def object_file(module: Any, target: Any) -> bytes:
-    """The machine code of llvmlite ``module`` for ``target`` (JIT relocation model): O3, then an object file."""
+def kernel_reloc(target: Any) -> str:
+    """The relocation model of the kernels' object files the JIT loads: ``"pic"`` where the same objects
+    also link into a shared library (x86-64), else LLVM's default for the JIT."""
+    return "pic" if target.triple.startswith("x86_64") else "default"
+
+
+def object_file(module: Any, target: Any, reloc: str = "default") -> bytes:
+    """The machine code of llvmlite ``module`` for ``target``: O3, then an object file (``reloc="pic"``:
+    position-independent, the small code model)."""
     from cuvil.codegen import llvm as cg
 
-    mod = cg.optimize(cg.finish_ir_text(str(module), target), target)
-    return bytes(cg.target_machine(target).emit_object(mod))
+    mod = cg.optimize(cg.finish_ir_text(str(module), target), target, reloc)
+    return bytes(cg.target_machine(target, reloc).emit_object(mod))
 
 
 def emit_graph(module: Any, kernels: Sequence[LoweredFunc], calls: Sequence[KernelCall], target: Any,
@@ -85,9 +104,9 @@ def emit_graph(module: Any, kernels: Sequence[LoweredFunc], calls: Sequence[Kern
             raise ValueError(f"kernel {f.name}: linked kernels have constant shapes, got sizes {f.size_vars}")
         if not declare:
             emit_function(module, f, target)
-            continue
-        ir.Function(module, ir.FunctionType(I32, [PTR, PTR, PTR]), f"{f.name}_checked")
-        ir.Function(module, ir.FunctionType(ir.VoidType(), [I32]), f"{f.name}_set_num_threads")
+        elif f"{f.name}_checked" not in module.globals:  # (another entry in this module declared it)
+            ir.Function(module, ir.FunctionType(I32, [PTR, PTR, PTR]), f"{f.name}_checked")
+            ir.Function(module, ir.FunctionType(ir.VoidType(), [I32]), f"{f.name}_set_num_threads")
     fn = ir.Function(module, ir.FunctionType(I32, [PTR, PTR]), entry)
     fn.attributes.add("nounwind")
     slots, err = fn.args
@@ -154,6 +173,7 @@ class LinkedModule:
         self._key = kernel_cache.module_key(self.kernel_ids, self.calls, self.target, entry)
         self._unopt: str | None = None
         self._opt: tuple[Any, str] | None = None  # the O3 module and its IR text, built on first use
+        self._pic: list[bytes] | None = None  # the kernels' PIC object files (for an export)
         if not self.target.is_host:  # compiled for another machine: export it (cuvil.graph.export), run it there
             self._engine = None
             self._fn = self._not_here
@@ -178,25 +198,48 @@ class LinkedModule:
         kernel cache or compiled now (the kernels by ``workers``, :class:`cuvil.graph.parallel.Workers`).
         A kernel's object is keyed by its identity (:attr:`kernel_ids`), its name and the target, so a
         kernel another model compiled before under the same name is not compiled again."""
+        from cuvil.graph import kernel_cache
+
+        reloc = kernel_reloc(self.target)
+        objects = self._kernel_objects(reloc, workers)
+        if reloc == "pic":
+            self._pic = objects
+        entry = kernel_cache.load_object(f"{self._key}.entry.{reloc}")
+        if entry is None:
+            module = new_module(self.entry, self.target)
+            emit_graph(module, self.kernels, self.calls, self.target, self.entry, declare=True)
+            entry = object_file(module, self.target, reloc)
+            kernel_cache.store_object(f"{self._key}.entry.{reloc}", entry)
+        return [entry, *objects]
+
+    def _kernel_objects(self, reloc: str, workers: Any) -> list[bytes]:
+        """Each kernel's object file (relocation model ``reloc``), from the kernel cache or compiled now."""
         from cuvil.graph import kernel_cache, parallel
 
-        keys = [kernel_cache.module_key([f"{k.name} {i}"], [], self.target, "kernel")
+        keys = [kernel_cache.module_key([f"{k.name} {i}"], [], self.target, f"kernel.{reloc}")
                 for k, i in zip(self.kernels, self.kernel_ids)]
         objects = [kernel_cache.load_object(k) for k in keys]
         missing = [i for i, o in enumerate(objects) if o is None]
         todo = [self.kernels[i] for i in missing]
-        made = (workers.map_kernel_objects(todo, self.target.canonical) if workers is not None else
-                [parallel.kernel_object(k, self.target.canonical) for k in todo])
+        if workers is None:
+            made = [parallel.kernel_object(k, self.target.canonical, reloc) for k in todo]
+        else:
+            made = workers.map_kernel_objects(todo, self.target.canonical, reloc)
         for i, obj in zip(missing, made):
             objects[i] = obj
             kernel_cache.store_object(keys[i], obj)
-        entry = kernel_cache.load_object(f"{self._key}.entry")
-        if entry is None:
-            module = new_module(self.entry, self.target)
-            emit_graph(module, self.kernels, self.calls, self.target, self.entry, declare=True)
-            entry = object_file(module, self.target)
-            kernel_cache.store_object(f"{self._key}.entry", entry)
-        return [entry, *objects]
+        return objects  # type: ignore[return-value]
+
+    def kernel_objects(self) -> list[bytes]:
+        """The kernels' position-independent object files, in :attr:`kernels` order, for a shared library:
+        those the JIT loaded where they are PIC (each kernel compiled once), else (another machine's
+        target, an AArch64 host) from the kernel cache or compiled now, in worker processes."""
+        if self._pic is None:
+            from cuvil.graph import parallel
+
+            with parallel.Workers(parallel.workers_for(None)) as workers:
+                self._pic = self._kernel_objects("pic", workers)
+        return self._pic
 
     def unoptimized(self) -> str:
         """The LLVM IR text of the kernels and the entry point before optimisation."""

@@ -82,13 +82,8 @@ class _Rewrite:
     def __init__(self, g: Graph):
         self.g = g
         self.inits = dict(g.initializers)
-        self.producer = {o: n for n in g.nodes for o in n.outputs if o}
-        self.readers: dict[str, list[Node]] = {}
-        for n in g.nodes:
-            for x in n.inputs:
-                if x:
-                    self.readers.setdefault(x, []).append(n)
-        self.outputs = {v.name for v in g.outputs}
+        uses = g.uses()
+        self.producer, self.readers, self.outputs = uses.producer, uses.readers, uses.outputs
         self.taken = {v.name for v in g.inputs} | set(self.inits) | set(self.producer)
         self.dropped: set[int] = set()
         self.placed: dict[int, list[Node]] = {}

@@ -86,16 +86,16 @@ class Workers:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def map_kernel_objects(self, kernels: Sequence[Any], target: str) -> list[bytes]:
+    def map_kernel_objects(self, kernels: Sequence[Any], target: str, reloc: str = "default") -> list[bytes]:
         """:func:`kernel_object` of each kernel, in order: in the workers when there are several kernels
         and workers, else (or when the workers are lost) in this process."""
         if self.jobs > 1 and len(kernels) > 1:
             try:
-                futs = [self.submit(kernel_object, k, target) for k in kernels]
+                futs = [self.submit(kernel_object, k, target, reloc) for k in kernels]
                 return [result(f) for f in futs]
             except WorkersLost:
                 pass
-        return [kernel_object(k, target) for k in kernels]
+        return [kernel_object(k, target, reloc) for k in kernels]
 
 
 def _llvm_lock() -> Any:
@@ -161,9 +161,10 @@ def lowered(fut: Future) -> tuple[Any, str | None]:
     return func, why
 
 
-def kernel_object(func: Any, target: str) -> bytes:
-    """One kernel's object file for ``target`` (JIT relocation model): its function emitted alone into a
-    module, O3, machine code.  The entry point of a linked module calls it by name."""
+def kernel_object(func: Any, target: str, reloc: str = "default") -> bytes:
+    """One kernel's object file for ``target`` (relocation model ``reloc``: :func:`cuvil.graph.link.kernel_reloc`):
+    its function emitted alone into a module, O3, machine code.  The entry point of a linked module (the JIT's,
+    or an exported library's) calls it by name.  This is where a kernel's machine code is made."""
     from cuvil.codegen import llvm as cg
     from cuvil.graph.link import new_module, object_file
     from cuvil.target import Target
@@ -171,4 +172,4 @@ def kernel_object(func: Any, target: str) -> bytes:
     tgt = Target(target)
     module = new_module(func.name, tgt)
     cg.emit_function(module, func, tgt)
-    return object_file(module, tgt)
+    return object_file(module, tgt, reloc)

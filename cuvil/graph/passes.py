@@ -19,7 +19,7 @@ them in order and can report the graph after each one (``cuvil compile --dump``)
   the same values; the second is dropped and its readers read the first.
 - :func:`eliminate_dead_nodes`: nodes whose outputs no graph output needs are dropped, and
   initializers no node reads.
-- :func:`channels_last`: in a model with depthwise convolutions, 2-D convolutions compute NHWC
+- :func:`cuvil.graph.channels_last.channels_last`: in a model with depthwise convolutions, 2-D convolutions compute NHWC
   (``CuvilConvNHWC``), element-wise nodes between them keep that layout, other readers get a
   ``Transpose`` back (MobileNetV2 at 224, one thread: 42.1 -> 25.6 ms, onnxruntime 25.3 ms).
 - :func:`flatten_trailing_reductions`: a reduction over the last axes of a static shape reduces one axis
@@ -37,10 +37,12 @@ from typing import Any
 import numpy as np
 
 from cuvil.errors import ArgumentError
+from cuvil.graph.channels_last import channels_last
 from cuvil.graph.expand_rnn import expand_rnn
 from cuvil.graph.ir import Graph, Node
 from cuvil.graph.loops import embedding_bag_loops
 from cuvil.graph.qdq import match_qdq
+from cuvil.graph.rewrite import Match, Pattern, Rewrite, rewrite
 
 Pass = Callable[[Graph], Graph]
 
@@ -58,20 +60,11 @@ def _rename_inputs(nodes: list[Node], alias: dict[str, str]) -> list[Node]:
     return [replace(n, inputs=tuple(resolve(x) if x else x for x in n.inputs)) for n in nodes]
 
 
-def _readers(g: Graph) -> dict[str, list[Node]]:
-    out: dict[str, list[Node]] = {}
-    for n in g.nodes:
-        for x in n.inputs:
-            if x:
-                out.setdefault(x, []).append(n)
-    return out
-
-
 def remove_identities(g: Graph) -> Graph:
     """``Identity`` and ``Dropout`` (inference: no ``training_mode`` input, its mask unused) as renames."""
     outputs = {v.name for v in g.outputs}
-    readers = _readers(g)
-    producer = {o: n for n in g.nodes for o in n.outputs if o}
+    uses = g.uses()
+    readers, producer = uses.readers, uses.producer
     alias: dict[str, str] = {}
     renamed: dict[int, tuple[str, str]] = {}  # id(producer) -> (its output, the graph output it now writes)
     kept: list[Node] = []
@@ -156,9 +149,6 @@ def elementwise_before_reshapes(g: Graph) -> Graph:
     return _with(g, nodes) if changed else g
 
 
-_FLAT_REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"})
-
-
 def _reduced_axes(n: Node, g: Graph, rank: int) -> list[int] | None:
     """The axes a reduction node reduces (sorted, non-negative), when they are constants; else None."""
     axes = n.attrs.get("axes")
@@ -183,45 +173,38 @@ def flatten_trailing_reductions(g: Graph) -> Graph:
     (SqueezeNet's global mean of 1000 x 12 x 12 at 1 thread: 71 -> 9 us, onnxruntime 18)."""
     if g.opset < 5:  # (Reshape took its shape as an attribute)
         return g
-    shapes = {v.name: v.shape for v in (*g.inputs, *g.outputs, *g.value_info.values())}
-    taken: dict[str, Any] = {**g.initializers, **{o: 0 for n in g.nodes for o in n.outputs}}
-    inits = dict(g.initializers)
-    nodes: list[Node] = []
-    changed = False
-    for n in g.nodes:
-        shape = shapes.get(n.inputs[0]) if n.inputs else None
-        if (n.op_type not in _FLAT_REDUCTIONS or n.domain or len(n.outputs) != 1 or shape is None
-                or not all(isinstance(d, int) and d > 0 for d in shape)):  # (an empty value: nothing to gain)
-            nodes.append(n)
-            continue
-        rank = len(shape)
-        axes = _reduced_axes(n, g, rank)
-        if axes is None or len(axes) < 2 or axes != list(range(rank - len(axes), rank)):
-            nodes.append(n)
-            continue
-        keep = int(n.attrs.get("keepdims", 1))
-        flat = tuple(shape[:rank - len(axes)]) + (int(np.prod(shape[rank - len(axes):])),)
-        names = [_fresh(taken, n.outputs[0] + suffix) for suffix in (".shape", ".flat", ".axes", ".reduced", ".out")]
-        for x in names:
-            taken[x] = 0
-        inits[names[0]] = np.array(flat, np.int64)
-        nodes.append(Node("Reshape", n.name + ".flatten", (n.inputs[0], names[0]), (names[1],)))
-        attrs = dict(n.attrs)
-        ins: tuple[str, ...] = (names[1],)
-        if len(n.inputs) > 1 and n.inputs[1]:  # axes as an input (ReduceSum from opset 13, the others from 18)
-            inits[names[2]] = np.array([len(flat) - 1], np.int64)
-            ins = (names[1], names[2])
-        else:
-            attrs["axes"] = [len(flat) - 1]
-        if not keep:
-            nodes.append(replace(n, inputs=ins, attrs=attrs))
-        else:
-            out = tuple(1 if d in axes else x for d, x in enumerate(shape))
-            inits[names[4]] = np.array(out, np.int64)
-            nodes.append(replace(n, inputs=ins, outputs=(names[3],), attrs=attrs))
-            nodes.append(Node("Reshape", n.name + ".unflatten", (names[3], names[4]), n.outputs))
-        changed = True
-    return _with(g, nodes, inits) if changed else g
+    return rewrite(g, _FLATTEN, Rewrite(g))
+
+
+def _flatten_reduction(rw: Rewrite, n: Node) -> Match | None:
+    shape = rw.static(n.inputs[0]) if n.inputs else None
+    if len(n.outputs) != 1 or shape is None or not all(d > 0 for d in shape):  # (an empty value: nothing to gain)
+        return None
+    rank = len(shape)
+    axes = _reduced_axes(n, rw.g, rank)
+    if axes is None or len(axes) < 2 or axes != list(range(rank - len(axes), rank)):
+        return None
+    keep = int(n.attrs.get("keepdims", 1))
+    flat = tuple(shape[:rank - len(axes)]) + (int(np.prod(shape[rank - len(axes):])),)
+    names = [rw.fresh(n.outputs[0] + suffix) for suffix in (".shape", ".flat", ".axes", ".reduced", ".out")]
+    rw.inits[names[0]] = np.array(flat, np.int64)
+    nodes = [Node("Reshape", n.name + ".flatten", (n.inputs[0], names[0]), (names[1],))]
+    attrs = dict(n.attrs)
+    ins: tuple[str, ...] = (names[1],)
+    if len(n.inputs) > 1 and n.inputs[1]:  # axes as an input (ReduceSum from opset 13, the others from 18)
+        rw.inits[names[2]] = np.array([len(flat) - 1], np.int64)
+        ins = (names[1], names[2])
+    else:
+        attrs["axes"] = [len(flat) - 1]
+    if not keep:
+        return Match((*nodes, replace(n, inputs=ins, attrs=attrs)))
+    rw.inits[names[4]] = np.array(tuple(1 if d in axes else x for d, x in enumerate(shape)), np.int64)
+    return Match((*nodes, replace(n, inputs=ins, outputs=(names[3],), attrs=attrs),
+                  Node("Reshape", n.name + ".unflatten", (names[3], names[4]), n.outputs)))
+
+
+_FLATTEN = (Pattern("a reduction over the trailing axes -> Reshape, a reduction of one axis, Reshape",
+                    {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"}, _flatten_reduction),)
 
 
 def _const(g: Graph, name: str) -> np.ndarray | None:
@@ -230,9 +213,9 @@ def _const(g: Graph, name: str) -> np.ndarray | None:
 
 def fold_batchnorm(g: Graph) -> Graph:
     """Fold inference BatchNormalization into the Conv/Gemm before it (constants only)."""
-    readers = _readers(g)
+    uses = g.uses()
+    readers, producer = uses.readers, uses.producer
     outputs = {v.name for v in g.outputs}
-    producer = {o: n for n in g.nodes for o in n.outputs if o}
     inits = dict(g.initializers)
     replaced: dict[int, Node] = {}  # id(Conv/Gemm) -> the folded node, writing the BN's output
     removed: set[int] = set()  # id(BN)
@@ -339,249 +322,6 @@ def eliminate_dead_nodes(g: Graph) -> Graph:
         return g
     inputs = [v for v in g.inputs if v.name in needed or v.name not in g.initializers]
     return replace(g, nodes=kept, initializers=inits, inputs=inputs)
-
-
-def _depthwise(n: Node, g: Graph) -> bool:
-    w = _const(g, n.inputs[1]) if n.op_type == "Conv" and not n.domain and len(n.inputs) > 1 else None
-    return w is not None and w.ndim == 4 and w.shape[1] == 1 and int(n.attrs.get("group", 1)) == w.shape[0] > 1
-
-
-def _dense_nhwc(w: np.ndarray, nhwc_input: bool, n: Node) -> bool:
-    """A ``group`` 1 convolution computed channels-last: 1x1 ones, and windows up to 3x3 that read NCHW
-    (a network's stem).  (A 7x7 stem, and a 3x3 stride-2 convolution reading NHWC, overran isl's
-    operation bound while being scheduled; they stay NCHW.)"""
-    if int(n.attrs.get("group", 1)) != 1:
-        return False
-    taps = int(np.prod(w.shape[2:]))
-    return taps == 1 or (taps <= 9 and not nhwc_input)
-
-
-def _pays(g: Graph) -> bool:
-    """Channels last pays in models with depthwise convolutions (MobileNet-style)."""
-    return any(_depthwise(n, g) for n in g.nodes)
-
-
-_INT8_CONVS = frozenset({"CuvilQLinearConv", "QLinearConv"})
-# 8-bit element-wise ops -> the positions of their data inputs (the others: per-tensor scales and zero
-# points, or a lookup table)
-_INT8_ELEMENTWISE = {"QLinearAdd": (0, 3), "QLinearMul": (0, 3), "QLinearSigmoid": (0,), "QLinearLeakyRelu": (0,),
-                     "CuvilQLinearLookup": (0,), "QuantizeLinear": (0,), "DequantizeLinear": (0,)}
-
-
-def _int8_conv(n: Node, g: Graph) -> bool:
-    """A quantized 2-D convolution with a quantized output, constant weights and input zero point."""
-    if n.domain or n.op_type not in _INT8_CONVS or len(n.inputs) < 7 or not n.inputs[6] or len(n.outputs) != 1:
-        return False
-    w = _const(g, n.inputs[3])
-    zx = n.inputs[2] if len(n.inputs) > 2 else ""
-    return (w is not None and w.ndim == 4 and (not zx or _const(g, zx) is not None)
-            and n.attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET"))
-
-
-def _spatial_mean(n: Node, g: Graph) -> bool:
-    """A ``ReduceMean`` of a 4-D value over its two spatial axes that keeps them (a global average pool)."""
-    if n.op_type != "ReduceMean" or n.domain or len(n.outputs) != 1 or int(n.attrs.get("keepdims", 1)) != 1:
-        return False
-    axes = n.attrs.get("axes")
-    if len(n.inputs) > 1 and n.inputs[1]:
-        a = _const(g, n.inputs[1])
-        axes = None if a is None else a.reshape(-1).tolist()
-    return axes is not None and sorted(int(x) % 4 for x in axes) == [2, 3]
-
-
-def _perm(n: Node) -> list[int] | None:
-    """The permutation of a 4-D ``Transpose`` node, else None."""
-    if n.op_type != "Transpose" or n.domain or len(n.outputs) != 1:
-        return None
-    perm = n.attrs.get("perm")
-    return [int(p) for p in perm] if perm is not None and len(perm) == 4 else None
-
-
-def _int8_elementwise(n: Node, g: Graph, phys: dict[str, str]) -> bool:
-    """An 8-bit element-wise node (:data:`_INT8_ELEMENTWISE`) reading a channels-last value, whose other
-    data inputs are channels-last too or scalars, and whose scales, zero points and tables are constants
-    (one value each for Q / DQ: per tensor)."""
-    data = _INT8_ELEMENTWISE.get(n.op_type) if not n.domain and len(n.outputs) == 1 else None
-    if data is None or not any(k < len(n.inputs) and n.inputs[k] in phys for k in data):
-        return False
-    per_tensor = n.op_type in ("QuantizeLinear", "DequantizeLinear")
-    for k, x in enumerate(n.inputs):
-        c = _const(g, x) if x else None
-        if k in data:
-            if x and x not in phys and (c is None or c.size != 1):
-                return False
-        elif x and (c is None or (per_tensor and c.size != 1)):
-            return False
-    return True
-
-
-_Grids = dict[str, tuple[Node, Node, tuple[int, ...]]]
-_Tokens = dict[str, tuple[Node, tuple[int, ...]]]
-
-
-def _token_grids(g: Graph) -> tuple[_Grids, _Tokens]:
-    """A transformer's token grids, which are channels-last images already: ``Reshape(Transpose(t, [0, 2, 1]),
-    (N, C, H, W))`` of tokens ``t`` of shape ``(N, H * W, C)`` (the image a SegFormer Mix-FFN's depthwise
-    convolution reads) is ``t``'s buffer seen as ``(N, H, W, C)``, and ``Transpose(Reshape(y, (N, C, H * W)),
-    [0, 2, 1])`` of an image ``y`` (back to tokens) is ``y``'s NHWC buffer seen as ``(N, H * W, C)``.  Returns
-    {grid: (transpose, reshape, NHWC shape)} and {tokens: (the reshape it reads, token shape)}, each where
-    the intermediate value has that one reader and every shape is static."""
-    shapes = {v.name: v.shape for v in (*g.inputs, *g.outputs, *g.value_info.values())}
-    readers = _readers(g)
-    made = {o: n for n in g.nodes for o in n.outputs if o}
-
-    def static(x: str) -> tuple[int, ...] | None:
-        sh = shapes.get(x)
-        return tuple(sh) if sh is not None and all(isinstance(d, int) for d in sh) else None
-
-    def only_reader(x: str, n: Node) -> bool:
-        return x not in {v.name for v in g.outputs} and [r is n for r in readers.get(x, [])] == [True]
-
-    grids: _Grids = {}
-    tokens: _Tokens = {}
-    for n in g.nodes:
-        if n.domain or n.op_type not in ("Reshape", "Transpose") or len(n.outputs) != 1 or not n.inputs:
-            continue
-        prev = made.get(n.inputs[0])
-        if prev is None or prev.domain or len(prev.outputs) != 1 or not only_reader(prev.outputs[0], n):
-            continue
-        src, mid, dst = static(prev.inputs[0]), static(prev.outputs[0]), static(n.outputs[0])
-        if src is None or mid is None or dst is None:
-            continue
-        perm = [int(p) for p in prev.attrs.get("perm", [])] if prev.op_type == "Transpose" else None
-        if (n.op_type == "Reshape" and perm == [0, 2, 1] and len(src) == 3 and len(dst) == 4
-                and dst[:2] == (src[0], src[2]) and dst[2] * dst[3] == src[1]):
-            grids[n.outputs[0]] = (prev, n, (dst[0], dst[2], dst[3], dst[1]))
-        elif (n.op_type == "Transpose" and prev.op_type == "Reshape" and _perm3(n) == [0, 2, 1] and len(src) == 4
-              and mid == (src[0], src[1], src[2] * src[3])):
-            tokens[n.outputs[0]] = (prev, dst)
-    return grids, tokens
-
-
-def _perm3(n: Node) -> list[int] | None:
-    perm = n.attrs.get("perm")
-    return [int(p) for p in perm] if perm is not None and len(perm) == 3 else None
-
-
-def channels_last(g: Graph) -> Graph:
-    """In a model with depthwise convolutions, 2-D convolutions (depthwise, or ``group`` 1 as
-    :func:`_dense_nhwc` says; constant weights) compute channels-last: ``Conv`` -> ``CuvilConvNHWC``
-    (cuvil/graph/ops/layout.py), element-wise nodes between them (scalar constants only)
-    keep the layout, a ``GlobalAveragePool`` (or a ``ReduceMean`` over H and W that keeps them) of a
-    channels-last value reads it as it is, and any other reader gets a ``Transpose`` back to NCHW.
-    Graph outputs stay NCHW.
-
-    In a quantized model every quantized 2-D convolution computes channels-last
-    (``CuvilQLinearConvNHWC``, cuvil/graph/ops/qconv_nhwc.py: each pixel's requantized channels are one
-    vector store, and the next convolution reads four channels as one word), and so do the 8-bit ops
-    between them: the QLinear element-wise ops, per-tensor Q / DQ, 8-bit max pools (``layout="NHWC"``)
-    and ``QLinearGlobalAveragePool``.  (ResNet-50 QDQ U8S8 at 1 thread: 26.0 -> 21.9 ms.)
-
-    The model's own transposes between the layouts cancel against this: ``Transpose(x, [0, 3, 1,
-    2])`` (an NHWC value made NCHW, as ConvNeXt does around its LayerNorms) is ``x``'s buffer seen as a
-    channels-last value, and ``Transpose(y, [0, 2, 3, 1])`` of a channels-last ``y`` is ``y``'s buffer
-    itself; each is written only if a reader needs it."""
-    floats, ints = _pays(g), any(_int8_conv(n, g) for n in g.nodes)
-    if not floats and not ints:
-        return g
-    from cuvil.graph.fuse import ELEMENTWISE
-
-    outputs = {v.name for v in g.outputs}
-    taken: dict[str, Any] = {**g.initializers, **{o: 0 for n in g.nodes for o in n.outputs}}
-    phys: dict[str, str] = {}  # a value computed channels-last -> its buffer (NHWC shape)
-    deferred: dict[str, tuple[Node, ...]] = {}  # the model's transposes to NCHW, written when an NCHW reader needs them
-    grids, tokens = _token_grids(g) if floats else ({}, {})
-    inits = dict(g.initializers)
-    to_grid = {tr.outputs[0] for tr, _, _ in grids.values()}  # written only if an NCHW reader needs the grid
-    flats = {r.outputs[0] for r, _ in tokens.values()}
-    flattened: set[str] = set()  # an image's Reshape to (N, C, H * W) that its token Transpose reads as NHWC
-    rename: dict[str, str] = {}  # a transpose to NHWC of a channels-last value -> that value's buffer
-    back: dict[str, str] = {}
-    bytes_: set[str] = set()  # the channels-last values of 8 bits
-    nodes: list[Node] = []
-
-    def nchw(x: str) -> str:
-        if x not in phys:
-            return x
-        if x in deferred:
-            nodes.extend(deferred.pop(x))
-            back[x] = x
-        if x not in back:
-            back[x] = _fresh(taken, x + ".nchw")
-            taken[back[x]] = 0
-            nodes.append(Node("Transpose", back[x], (phys[x],), (back[x],), {"perm": [0, 3, 1, 2]}))
-        return back[x]
-
-    def scalar(x: str) -> bool:
-        c = _const(g, x)
-        return c is not None and c.size == 1
-
-    def buf(x: str) -> str:  # what a reader that takes either layout reads
-        return phys[x] if x in phys else rename.get(x, x)
-
-    for n in g.nodes:
-        out = n.outputs[0] if n.outputs else ""
-        w = _const(g, n.inputs[1]) if n.op_type == "Conv" and not n.domain and len(n.inputs) > 1 else None
-        if (floats and w is not None and w.ndim == 4 and out not in outputs and len(n.outputs) == 1
-                and n.attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET")
-                and (_dense_nhwc(w, n.inputs[0] in phys, n) or _depthwise(n, g))):
-            attrs = {**n.attrs, "in_layout": "NHWC" if n.inputs[0] in phys else "NCHW"}
-            nodes.append(replace(n, op_type="CuvilConvNHWC", attrs=attrs, inputs=tuple(buf(x) for x in n.inputs)))
-            phys[out] = out
-        elif ints and out not in outputs and _int8_conv(n, g):
-            attrs = {**n.attrs, "in_layout": "NHWC" if n.inputs[0] in phys else "NCHW"}
-            nodes.append(replace(n, op_type="CuvilQLinearConvNHWC", attrs=attrs,
-                                 inputs=tuple(buf(x) for x in n.inputs)))
-            phys[out] = out
-            bytes_.add(out)
-        elif ints and out not in outputs and _int8_elementwise(n, g, phys):
-            nodes.append(replace(n, inputs=tuple(buf(x) for x in n.inputs)))
-            phys[out] = out
-            if n.op_type != "DequantizeLinear":
-                bytes_.add(out)
-        elif (not n.domain and n.op_type in ("CuvilMaxPool8", "MaxPool") and n.inputs[0] in bytes_
-              and out not in outputs and len([o for o in n.outputs if o]) == 1):
-            # (a QOperator file max-pools the 8-bit values with ONNX's MaxPool)
-            nodes.append(Node("CuvilMaxPool8", n.name, (phys[n.inputs[0]],), (out,), {**n.attrs, "layout": "NHWC"}))
-            phys[out] = out
-            bytes_.add(out)
-        elif (n.op_type == "QLinearGlobalAveragePool" and not n.domain and n.inputs[0] in phys
-              and not int(n.attrs.get("channels_last", 0))):
-            nodes.append(replace(n, op_type="CuvilQLinearGlobalAveragePoolNHWC",
-                                 inputs=tuple(buf(x) for x in n.inputs)))
-        elif _perm(n) == [0, 3, 1, 2] and out not in outputs and n.inputs[0] not in phys:
-            phys[out] = buf(n.inputs[0])
-            deferred[out] = (replace(n, inputs=(phys[out],)),)
-        elif out in to_grid and n.inputs[0] not in phys:
-            pass  # (deferred with the grid's Reshape, next)
-        elif out in grids and grids[out][0].inputs[0] not in phys:  # tokens seen as an NHWC image
-            tr, _, nhwc = grids[out]
-            view = _fresh(taken, out + ".nhwc")
-            taken[view] = 0
-            inits[view + ".shape"] = np.asarray(nhwc, np.int64)
-            nodes.append(Node("Reshape", view, (tr.inputs[0], view + ".shape"), (view,)))
-            phys[out] = view
-            deferred[out] = (tr, n)
-        elif out in flats and n.inputs[0] in phys and n.inputs[0] not in bytes_:
-            flattened.add(out)  # (its one reader, the token Transpose, reads the image's buffer instead)
-        elif out in tokens and n.inputs[0] in flattened:  # an NHWC image seen as tokens
-            r, shape = tokens[out]
-            inits[out + ".shape"] = np.asarray(shape, np.int64)
-            nodes.append(Node("Reshape", n.name, (phys[r.inputs[0]], out + ".shape"), (out,)))
-        elif _perm(n) == [0, 2, 3, 1] and out not in outputs and n.inputs[0] in phys:
-            rename[out] = phys[n.inputs[0]]
-        elif (not n.domain and n.op_type in ELEMENTWISE and out not in outputs and len(n.outputs) == 1
-              and any(x in phys for x in n.inputs) and all(not x or x in phys or scalar(x) for x in n.inputs)):
-            nodes.append(replace(n, inputs=tuple(buf(x) for x in n.inputs)))
-            phys[out] = out
-        elif (((n.op_type == "GlobalAveragePool" and not n.domain) or _spatial_mean(n, g)) and n.inputs[0] in phys
-              and n.inputs[0] not in bytes_):
-            # (a ReduceMean over H and W: squeeze-and-excitation's x.mean((2, 3), keepdim=True))
-            nodes.append(Node("CuvilGlobalAveragePoolNHWC", n.name, (phys[n.inputs[0]],), n.outputs))
-        else:
-            ins = tuple(nchw(x) if x in phys else rename.get(x, x) for x in n.inputs)
-            nodes.append(replace(n, inputs=ins) if ins != n.inputs else n)
-    return _with(g, nodes, inits)
 
 
 PASSES: tuple[tuple[str, Pass], ...] = (

@@ -15,7 +15,7 @@ output, still from the integer contraction.  Between the contractions:
 - data movement (MaxPool, Reshape, Transpose, Flatten, Squeeze, Unsqueeze, and Concat) between a DQ and
   a Q of the same scale and zero point runs on the 8-bit values (MaxPool as ``CuvilMaxPool8``);
 - Add, Mul, Sigmoid, LeakyRelu, GlobalAveragePool, Softmax and Concat of other scales become onnxruntime's
-  QLinear operators (:mod:`cuvil.graph.ops.quant_ms`), which compute what the float chain does, rounded once;
+  QLinear operators (:mod:`cuvil.graph.ops.quant.ms`), which compute what the float chain does, rounded once;
 - any other Q / DQ node stays, computed element-wise (exact ONNX semantics).
 
 A chain of unary float ops (or ops with a scalar constant) from a DQ to a Q (BERT's ``Div -> Erf``)
@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from cuvil.graph.ir import Graph, Node
-from cuvil.graph.qdq_table import match_table
+from cuvil.graph.qdq_table import TABLE_OPS, match_table
+from cuvil.graph.rewrite import Match, Pattern, Rewrite, rewrite
 
 INTEGER_CONTRACTIONS = frozenset({"CuvilQLinearConv", "CuvilQLinearConvNHWC", "CuvilQLinearMatMul", "QLinearConv",
                                   "QLinearMatMul", "MatMulInteger", "ConvInteger", "QGemm",
@@ -72,21 +73,8 @@ class _Q:
         return "uint8" if self.zero is None else self.zero.dtype.name
 
 
-class _View:
+class _View(Rewrite):
     """The graph's producers, readers and constants, for the matcher."""
-
-    def __init__(self, g: Graph):
-        self.g = g
-        self.producer = {o: n for n in g.nodes for o in n.outputs if o}
-        self.readers: dict[str, list[Node]] = {}
-        for n in g.nodes:
-            for x in n.inputs:
-                if x:
-                    self.readers.setdefault(x, []).append(n)
-        self.outputs = {v.name for v in g.outputs}
-
-    def const(self, name: str) -> np.ndarray | None:
-        return self.g.initializers.get(name) if name else None
 
     def q(self, n: Node | None, op: str) -> _Q | None:
         """``n`` as a Q or DQ node (``op``) with constant scale and zero point, else None."""
@@ -103,51 +91,21 @@ class _View:
         return _Q(n, s, z)
 
     def dq_of(self, name: str) -> _Q | None:
-        return self.q(self.producer.get(name), "DequantizeLinear")
+        return self.q(self.uses.producer.get(name), "DequantizeLinear")
 
     def only_reader(self, name: str) -> Node | None:
-        r = self.readers.get(name, [])
-        return r[0] if len(r) == 1 and name not in self.outputs else None
+        return self.uses.only_reader(name)
 
 
 def match_qdq(g: Graph) -> Graph:
-    """Every matched QDQ pattern replaced (see the module docstring); the DQ / Q nodes it leaves unread
-    are removed by the dead-node pass."""
+    """Every matched QDQ pattern (:data:`PATTERNS`, see the module docstring) replaced; the DQ / Q nodes it
+    leaves unread are removed by the dead-node pass."""
     if not any(n.op_type in ("DequantizeLinear", "MatMulInteger", "ConvInteger") and not n.domain for n in g.nodes):
         return g
-    v = _View(g)
-    inits = dict(g.initializers)
-    dropped: set[int] = set()
-    at: dict[int, list[Node]] = {}  # nodes written where a later node of their pattern stood
-    out: list[Node] = []
-    for n in g.nodes:
-        if id(n) in at:
-            out.extend(at.pop(id(n)))
-            continue
-        if id(n) in dropped:
-            continue
-        new = match_table(v, n, inits, dropped)  # DQ -> unary float chain -> Q: a 256-entry table
-        if new is not None:
-            pass
-        elif not n.domain and n.op_type in ("Conv", "Gemm", "MatMul"):
-            new = _contraction(v, n, inits, dropped)
-        elif not n.domain and n.op_type in ("MatMulInteger", "ConvInteger"):
-            new = _integer_to_float(v, n, dropped, at)
-        elif not n.domain and (n.op_type in _MOVES or n.op_type == "Concat" or n.op_type in _QLINEAR):
-            new = _between(v, n, inits, dropped)
-        out.extend(new if new is not None else [n])
-    return replace(g, nodes=out, initializers=inits)
+    return rewrite(g, PATTERNS, _View(g))
 
 
-def _fresh(inits: dict[str, Any], base: str, value: np.ndarray) -> str:
-    name, k = base, 1
-    while name in inits:
-        name, k = f"{base}{k}", k + 1
-    inits[name] = value
-    return name
-
-
-def _requant_target(v: _View, n: Node, dropped: set[int]) -> tuple[_Q | None, Node | None]:
+def _requant_target(v: _View, n: Node) -> tuple[_Q | None, Node | None]:
     """The QuantizeLinear that alone reads ``n``'s output (through a Relu that alone reads it), if any."""
     r = v.only_reader(n.outputs[0])
     relu = None
@@ -159,7 +117,9 @@ def _requant_target(v: _View, n: Node, dropped: set[int]) -> tuple[_Q | None, No
     return q, relu
 
 
-def _contraction(v: _View, n: Node, inits: dict[str, Any], dropped: set[int]) -> list[Node] | None:
+def _contraction(v: _View, n: Node) -> Match | None:
+    """DQ(x), DQ(w) [, DQ(int32 b)] -> Conv / Gemm / MatMul [-> Relu] [-> Q]: one integer contraction with its
+    requantization epilogue (a kept Relu: ``Max(y, zy)``), or a float32 output where no Q reads it."""
     if len(n.inputs) < 2 or len(n.outputs) != 1:
         return None
     dx, dw = v.dq_of(n.inputs[0]), v.dq_of(n.inputs[1])
@@ -182,7 +142,7 @@ def _contraction(v: _View, n: Node, inits: dict[str, Any], dropped: set[int]) ->
             if int(n.attrs.get("transB", 0)):
                 if not dw.per_tensor and axis % 2 != 0:
                     return None
-                w_in = _fresh(inits, w_in + ".T", np.ascontiguousarray(w.T))
+                w_in = v.new_const(w_in + ".T", np.ascontiguousarray(w.T))
                 axis = 1
         if w is None and not dw.per_tensor:
             return None
@@ -199,24 +159,23 @@ def _contraction(v: _View, n: Node, inits: dict[str, Any], dropped: set[int]) ->
         if not np.allclose(db.scale.reshape(-1), want, rtol=1e-5, atol=0):
             return None
         bias = db.node.inputs[0]
-    q, relu = _requant_target(v, n, dropped)
+    q, relu = _requant_target(v, n)
     ins = [dx.node.inputs[0], dx.node.inputs[1], dx.node.inputs[2] if len(dx.node.inputs) > 2 else "",
            w_in, sw, zw, q.node.inputs[1] if q else "", q.node.inputs[2] if q and len(q.node.inputs) > 2 else "",
            bias]
     attrs = {k: a for k, a in n.attrs.items() if k in ("group", "pads", "strides", "dilations", "kernel_shape",
                                                       "auto_pad")}
     if q is None:
-        return [Node(op, n.name, tuple(ins), n.outputs, attrs)]
-    dropped.add(id(q.node))
+        return Match((Node(op, n.name, tuple(ins), n.outputs, attrs),))
     if relu is None:
-        return [Node(op, n.name, tuple(ins), q.node.outputs, attrs)]
-    dropped.add(id(relu))
+        return Match((Node(op, n.name, tuple(ins), q.node.outputs, attrs),), (q.node,))
     pre = n.outputs[0] + ".q"
-    zname = _fresh(inits, n.name + ".relu_floor", np.array(q.zp, q.dtype))
-    return [Node(op, n.name, tuple(ins), (pre,), attrs), Node("Max", relu.name, (pre, zname), q.node.outputs)]
+    zname = v.new_const(n.name + ".relu_floor", np.array(q.zp, q.dtype))
+    return Match((Node(op, n.name, tuple(ins), (pre,), attrs), Node("Max", relu.name, (pre, zname), q.node.outputs)),
+                 (q.node, relu))
 
 
-def _integer_to_float(v: _View, n: Node, dropped: set[int], at: dict[int, list[Node]]) -> list[Node] | None:
+def _integer_to_float(v: _View, n: Node) -> Match | None:
     """``MatMulInteger -> Cast(float) -> Mul(scale)`` (``ConvInteger`` likewise; quantize_dynamic's form)
     as one node whose kernel scales the int32 sums: the int32 result never goes to memory, and the bias
     Add after it fuses as an epilogue."""
@@ -232,14 +191,13 @@ def _integer_to_float(v: _View, n: Node, dropped: set[int], at: dict[int, list[N
     if shape is None or not all(isinstance(d, int) for d in shape) or int(np.prod(shape)) != 1:
         return None  # per-column scales: the Mul stays (its broadcasting is the model's)
     ins = tuple(n.inputs) + ("",) * (4 - len(n.inputs)) + (scale,)
-    dropped.add(id(cast))
     op = "CuvilMatMulIntegerToFloat" if n.op_type == "MatMulInteger" else "CuvilConvIntegerToFloat"
-    at[id(mul)] = [Node(op, n.name, ins, mul.outputs, dict(n.attrs))]  # where the Mul stood: after its scale
-    return []
+    return Match((Node(op, n.name, ins, mul.outputs, dict(n.attrs)),), (cast,), at=mul)  # after its scale
 
 
-def _between(v: _View, n: Node, inits: dict[str, Any], dropped: set[int]) -> list[Node] | None:
-    """A data-movement or QLinear-able node between DQ inputs and one Q reader."""
+def _dq_to_q(v: _View, n: Node) -> tuple[_Q, list[_Q]] | None:
+    """The Q that alone reads ``n``'s output and the DQs of its data inputs (of every input for Concat, Add and
+    Mul; else the first), all per tensor and of one 8-bit type; else None."""
     if len(n.outputs) != 1:
         return None
     q = v.q(v.only_reader(n.outputs[0]), "QuantizeLinear")
@@ -249,31 +207,53 @@ def _between(v: _View, n: Node, inits: dict[str, Any], dropped: set[int]) -> lis
     ins = [v.dq_of(x) for x in (data if n.op_type in ("Concat", "Add", "Mul") else data[:1])]
     if any(d is None or not d.per_tensor or d.dtype != q.dtype for d in ins):
         return None
-    dq_in = [d.node.inputs for d in ins]
-    if n.op_type in _MOVES or (n.op_type == "Concat" and all(d.same(q) for d in ins)):
-        if not all(d.same(q) for d in ins):
-            return None
-        if n.op_type == "MaxPool" and len([o for o in n.outputs if o]) != 1:
-            return None
-        dropped.add(id(q.node))
-        rest = list(n.inputs[len(ins):])
-        op = "CuvilMaxPool8" if n.op_type == "MaxPool" else n.op_type  # vectorised for 8-bit values
-        return [replace(n, op_type=op, inputs=tuple(i[0] for i in dq_in) + tuple(rest), outputs=q.node.outputs)]
+    return q, ins  # type: ignore[return-value]
+
+
+def _move(v: _View, n: Node) -> Match | None:
+    """DQ -> data movement (or a Concat) -> Q, all of one scale and zero point: the node on the 8-bit codes
+    (MaxPool as ``CuvilMaxPool8``, vectorised for 8-bit values)."""
+    io = _dq_to_q(v, n)
+    if io is None:
+        return None
+    q, ins = io
+    if not all(d.same(q) for d in ins) or (n.op_type == "MaxPool" and len([o for o in n.outputs if o]) != 1):
+        return None
+    op = "CuvilMaxPool8" if n.op_type == "MaxPool" else n.op_type
+    codes = tuple(d.node.inputs[0] for d in ins) + tuple(n.inputs[len(ins):])
+    return Match((replace(n, op_type=op, inputs=codes, outputs=q.node.outputs),), (q.node,))
+
+
+def _qlinear(v: _View, n: Node) -> Match | None:
+    """DQ -> Add / Mul / Sigmoid / LeakyRelu / GlobalAveragePool / Softmax / Concat (of other scales) -> Q:
+    onnxruntime's QLinear operator (:mod:`cuvil.graph.ops.quant.ms`)."""
+    io = _dq_to_q(v, n)
+    if io is None:
+        return None
+    q, ins = io
     qs = (q.node.inputs[1], q.node.inputs[2] if len(q.node.inputs) > 2 else "")
-    trip = [(i[0], i[1], i[2] if len(i) > 2 else "") for i in dq_in]
+    trip = [(i[0], i[1], i[2] if len(i) > 2 else "") for i in (d.node.inputs for d in ins)]
     if n.op_type == "Concat":
         new = Node("QLinearConcat", n.name, qs + tuple(x for t in trip for x in t), q.node.outputs, dict(n.attrs))
     elif n.op_type in ("Add", "Mul"):
         if len(trip) != 2:
             return None
         new = Node(_QLINEAR[n.op_type], n.name, trip[0] + trip[1] + qs, q.node.outputs)
-    elif n.op_type in ("Sigmoid", "LeakyRelu", "GlobalAveragePool", "Softmax"):
+    else:
         attrs = {**n.attrs, "opset": v.g.opset} if n.op_type == "Softmax" else dict(n.attrs)
         new = Node(_QLINEAR[n.op_type], n.name, trip[0] + qs, q.node.outputs, attrs)
-    else:
-        return None
-    dropped.add(id(q.node))
-    return [new]
+    return Match((new,), (q.node,))
+
+
+PATTERNS = (  # in the order they are tried
+    Pattern("DQ -> unary float ops -> Q: one lookup in a 256-code table", TABLE_OPS, match_table),
+    Pattern("DQ -> Conv / Gemm / MatMul [-> Relu] [-> Q]: an integer contraction", {"Conv", "Gemm", "MatMul"},
+            _contraction),
+    Pattern("MatMulInteger / ConvInteger -> Cast -> Mul(scale): scaled in the epilogue",
+            {"MatMulInteger", "ConvInteger"}, _integer_to_float),
+    Pattern("DQ -> data movement -> Q of one scale: on the 8-bit codes", _MOVES | {"Concat"}, _move),
+    Pattern("DQ -> Add / Mul / Sigmoid / ... -> Q: a QLinear operator", {*_QLINEAR, "Concat"}, _qlinear),
+)
 
 
 def integer_contractions(session_or_graph: Any) -> dict[str, list[str]]:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from cuvil.graph.ir import Node
+from cuvil.graph.rewrite import Match
 
 _UNARY = {
     "Erf": lambda x: np.array([math.erf(float(t)) for t in x], np.float64),
@@ -36,6 +37,7 @@ _UNARY = {
 }
 _TRANSCENDENTAL = frozenset({"Erf", "Tanh", "Sigmoid"})  # a table always pays for these
 _BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
+TABLE_OPS = frozenset(_UNARY) | frozenset(_BINARY)  # the ops a chain is made of
 _RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
 
 
@@ -95,13 +97,13 @@ def _quantize(x: np.ndarray, scale: np.float32, zero: int, qtype: str) -> np.nda
     return np.clip(np.nan_to_num(q, nan=0.0), lo, hi).astype(qtype)
 
 
-def match_table(v: Any, n: Node, inits: dict[str, Any], dropped: set[int]) -> list[Node] | None:
+def match_table(v: Any, n: Node) -> Match | None:
     """``n`` as the first float op of a ``DQ -> chain -> Q`` (see the module docstring; ``v`` is
     :class:`cuvil.graph.qdq._View`): a ``CuvilQLinearLookup`` node (the codes, the table) writing the
-    last Q's output, the rest of the chain marked dropped; None when the chain does not fit.  A Q -> DQ
+    last Q's output, the rest of the chain consumed; None when the chain does not fit.  A Q -> DQ
     pair of one scale inside the chain is a step of it (rounded there, as the model does), so
     ``Erf -> Q -> DQ -> Add(1) -> Q`` is one table too."""
-    if n.domain or (n.op_type not in _UNARY and n.op_type not in _BINARY):
+    if n.domain or n.op_type not in TABLE_OPS:
         return None
     dx = _codes_input(v, n)
     if dx is None:
@@ -147,9 +149,7 @@ def match_table(v: Any, n: Node, inits: dict[str, Any], dropped: set[int]) -> li
             x = f(x)
     table = _quantize(x, np.float32(q.scale.reshape(-1)[0]), q.zp, q.dtype)
     name = n.outputs[0] + ".table"
-    while name in inits:
+    while name in v.inits:
         name += "_"
-    inits[name] = table
-    dropped.update(id(c) for c in chain[1:])
-    dropped.add(id(q.node))
-    return [Node("CuvilQLinearLookup", n.name, (dx.node.inputs[0], name), q.node.outputs)]
+    v.inits[name] = table
+    return Match((Node("CuvilQLinearLookup", n.name, (dx.node.inputs[0], name), q.node.outputs),), (*chain[1:], q.node))

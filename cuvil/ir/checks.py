@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from cuvil import dtype as dt
 from cuvil.ir import expr as E
 from cuvil.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var, index_check_parts
-from cuvil.ir.functor import ExprMutator, structural_equal
-from cuvil.ir.stmt import Allocate, Block, CheckSite, For, If, LetStmt, LoweredFunc, Stmt, Store
+from cuvil.ir.functor import ExprMutator, StmtMutator, structural_equal
+from cuvil.ir.stmt import CheckSite, LetStmt, LoweredFunc, Stmt, Store
 
 _CMP = ("eq", "ne", "lt", "le", "gt", "ge")
 
@@ -83,7 +83,7 @@ def unchecked(e: Call) -> Expr:
     return E.select(v < 0, v + n, v) if wrap else v
 
 
-class _Checks(ExprMutator):
+class _Checks(ExprMutator, StmtMutator):
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self.sites: list[CheckSite] = []
@@ -138,31 +138,24 @@ class _Checks(ExprMutator):
         idx = self.indices(e.buffer, e.indices)
         return e if all(a is b for a, b in zip(idx, e.indices)) else Load(e.dtype, e.buffer, idx)
 
-    def stmt(self, s: Stmt) -> Stmt:
-        if isinstance(s, Store):
-            idx, value = self.indices(s.buffer, s.indices), self.visit(s.value)
-            if value is s.value and all(a is b for a, b in zip(idx, s.indices)):
-                return s
-            return Store(s.buffer, idx, value)
-        if isinstance(s, For):
-            return For(s.var, self.visit(s.min), self.visit(s.extent), self.stmt(s.body), s.kind)
-        if isinstance(s, If):
-            other = None if s.else_body is None else self.stmt(s.else_body)
-            return If(self.visit(s.cond), self.stmt(s.then_body), other)
-        if isinstance(s, Block):
-            return Block(tuple(self.stmt(x) for x in s.stmts))
-        if isinstance(s, LetStmt):
-            value = self.visit(s.value)
-            saved = self.opaque
-            if not quasi_affine(value, self.opaque):
-                self.opaque = self.opaque | {id(s.var)}
-            try:
-                return LetStmt(s.var, value, self.stmt(s.body))
-            finally:
-                self.opaque = saved
-        if isinstance(s, Allocate):
-            return Allocate(s.buffer, self.stmt(s.body))
-        raise TypeError(f"unknown statement {type(s).__name__}")
+    def visit_expr(self, e: Expr) -> Expr:
+        return self.visit(e)
+
+    def visit_Store(self, s: Store) -> Stmt:
+        idx, value = self.indices(s.buffer, s.indices), self.visit(s.value)
+        if value is s.value and all(a is b for a, b in zip(idx, s.indices)):
+            return s
+        return Store(s.buffer, idx, value)
+
+    def visit_LetStmt(self, s: LetStmt) -> Stmt:
+        value = self.visit(s.value)
+        saved = self.opaque
+        if not quasi_affine(value, self.opaque):
+            self.opaque = self.opaque | {id(s.var)}
+        try:
+            return LetStmt(s.var, value, self.visit_stmt(s.body))
+        finally:
+            self.opaque = saved
 
 
 def insert_checks(func: LoweredFunc, entry: Sequence[tuple[Expr, CheckSite]] = (),
@@ -170,6 +163,6 @@ def insert_checks(func: LoweredFunc, entry: Sequence[tuple[Expr, CheckSite]] = (
     """``func`` with its unproven indices checked and every check numbered (see the module docstring);
     ``entry`` are (condition on the sizes under which an access leaves its tensor, what it is)."""
     c = _Checks(enabled)
-    body = c.stmt(func.body)
+    body = c.visit_stmt(func.body)
     entry_checks = tuple((cond, c.site(info)) for cond, info in entry) if enabled else ()
     return dataclasses.replace(func, body=body, checks=tuple(c.sites), entry_checks=entry_checks)

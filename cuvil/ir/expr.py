@@ -497,7 +497,7 @@ def dot2_bf16(u: Expr, s: Expr) -> Call:
     of two int32 values that each hold two bfloat16 numbers (see :func:`bf16_pair`).  Each product of
     two bf16 is exact in float32 (8 + 8 significant bits); the two additions round.
 
-    A bf16 contraction (:mod:`cuvil.graph.ops.bf16`) packs two reduction steps per int32 and sums
+    A bf16 contraction (:mod:`cuvil.graph.ops.nn.bf16`) packs two reduction steps per int32 and sums
     ``dot2_bf16`` over them: the LLVM code generator emits one float32 lane of x86's ``vdpbf16ps``
     (AVX512-BF16) for ``acc + dot2_bf16(u, s)`` in a vector loop; elsewhere it is float32 arithmetic on
     the widened halves (the same result up to the order of the two roundings)."""

@@ -1,7 +1,9 @@
-"""Visitors and rewriters over expressions, shared by every pass.
+"""Visitors and rewriters over expressions and statements, shared by every pass.
 
 ``ExprMutator.visit(e)`` rebuilds a node only when one of its children
 changed, so an unchanged tree comes back as the same object.
+``StmtMutator.visit_stmt(s)`` does the same for loop IR statements, and rewrites
+each expression in them with its ``visit_expr`` (unchanged by default).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from cuvil.ir.expr import (
     Unary,
     Var,
 )
+from cuvil.ir.stmt import Allocate, Block, For, If, LetStmt, Stmt, Store
 
 
 def children(e: Expr) -> tuple[Expr, ...]:
@@ -90,6 +93,55 @@ class ExprMutator:
 
 def _same(xs: tuple[Any, ...], ys: tuple[Any, ...]) -> bool:
     return all(x is y for x, y in zip(xs, ys))
+
+
+class StmtMutator:
+    """Rebuilds statements bottom-up; override ``visit_<Class>`` (``visit_For``, ``visit_Store``, ...) to
+    rewrite one kind of statement, ``visit_expr`` to rewrite every expression, ``make_block`` to build
+    blocks another way (:func:`cuvil.ir.stmt.block` flattens nested ones).
+
+    Children are visited in a fixed order (a loop's min, extent, body; an if's condition, then, else; a
+    let's value, body; a store's indices, value), which a pass that numbers what it finds can rely on.
+    The method names do not clash with :class:`ExprMutator`'s (statement and expression classes have
+    different names), so a pass may derive from both and set ``visit_expr = ExprMutator.visit``."""
+
+    def visit_stmt(self, s: Stmt) -> Stmt:
+        method = getattr(self, "visit_" + type(s).__name__, None)
+        if method is not None:
+            return method(s)
+        return self.generic_stmt(s)
+
+    def visit_expr(self, e: Expr) -> Expr:
+        return e
+
+    def make_block(self, stmts: tuple[Stmt, ...]) -> Stmt:
+        return Block(stmts)
+
+    def generic_stmt(self, s: Stmt) -> Stmt:
+        if isinstance(s, Store):
+            idx = tuple(self.visit_expr(i) for i in s.indices)
+            value = self.visit_expr(s.value)
+            return s if value is s.value and _same(idx, s.indices) else Store(s.buffer, idx, value)
+        if isinstance(s, For):
+            lo, ext = self.visit_expr(s.min), self.visit_expr(s.extent)
+            body = self.visit_stmt(s.body)
+            same = lo is s.min and ext is s.extent and body is s.body
+            return s if same else For(s.var, lo, ext, body, s.kind)
+        if isinstance(s, If):
+            cond, then = self.visit_expr(s.cond), self.visit_stmt(s.then_body)
+            other = None if s.else_body is None else self.visit_stmt(s.else_body)
+            same = cond is s.cond and then is s.then_body and other is s.else_body
+            return s if same else If(cond, then, other)
+        if isinstance(s, Block):
+            parts = tuple(self.visit_stmt(x) for x in s.stmts)
+            return s if _same(parts, s.stmts) else self.make_block(parts)
+        if isinstance(s, LetStmt):
+            value, body = self.visit_expr(s.value), self.visit_stmt(s.body)
+            return s if value is s.value and body is s.body else LetStmt(s.var, value, body)
+        if isinstance(s, Allocate):
+            body = self.visit_stmt(s.body)
+            return s if body is s.body else Allocate(s.buffer, body)
+        raise TypeError(f"{type(self).__name__}: unknown statement {type(s).__name__}")
 
 
 class _Substitute(ExprMutator):

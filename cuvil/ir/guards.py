@@ -28,41 +28,30 @@ from __future__ import annotations
 
 from cuvil.ir import expr as E
 from cuvil.ir.expr import Binary, Expr, Load, TensorRead, Var
-from cuvil.ir.functor import collect, free_vars
-from cuvil.ir.stmt import Allocate, Block, For, If, LetStmt, LoweredFunc, Stmt, Store, block, sub_stmts
+from cuvil.ir.functor import StmtMutator, collect, free_vars
+from cuvil.ir.stmt import For, If, LoweredFunc, Stmt, Store, block, sub_stmts
 
 _UNSWITCH_KINDS = ("serial", "vectorize")
 
 
 def bound_guarded_loops(func: LoweredFunc) -> LoweredFunc:
     """``func`` with data-dependent guards hoisted out of loops and turned into loop bounds."""
-    body = _visit(func.body)
+    body = _BoundGuards().visit_stmt(func.body)
     if body is func.body:
         return func
     return LoweredFunc(func.name, func.params, body, func.size_vars, func.outputs, func.checks, func.entry_checks)
 
 
-def _visit(s: Stmt) -> Stmt:
-    if isinstance(s, Store):
-        return s
-    if isinstance(s, Block):
-        parts = [_visit(x) for x in s.stmts]
-        return s if all(p is x for p, x in zip(parts, s.stmts)) else block(parts)
-    if isinstance(s, If):
-        then = _visit(s.then_body)
-        other = None if s.else_body is None else _visit(s.else_body)
-        return s if (then is s.then_body and other is s.else_body) else If(s.cond, then, other)
-    if isinstance(s, LetStmt):
-        body = _visit(s.body)
-        return s if body is s.body else LetStmt(s.var, s.value, body)
-    if isinstance(s, Allocate):
-        body = _visit(s.body)
-        return s if body is s.body else Allocate(s.buffer, body)
-    if isinstance(s, For):
-        body = _visit(s.body)
+class _BoundGuards(StmtMutator):
+    """Inner loops first: each loop, its body done, is bounded (:func:`_bound`) or unswitched."""
+
+    def make_block(self, stmts: tuple[Stmt, ...]) -> Stmt:
+        return block(stmts)
+
+    def visit_For(self, s: For) -> Stmt:
+        body = self.visit_stmt(s.body)
         loop = s if body is s.body else For(s.var, s.min, s.extent, body, s.kind)
         return _bound(loop) or _unswitch(loop) or loop
-    raise TypeError(f"bound_guarded_loops: unknown statement {type(s).__name__}")
 
 
 def _reads_memory(e: Expr) -> bool:

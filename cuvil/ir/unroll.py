@@ -21,43 +21,33 @@ from __future__ import annotations
 
 from cuvil.ir import expr as E
 from cuvil.ir.expr import Const
+from cuvil.ir.functor import StmtMutator
 from cuvil.ir.simplify import simplify_expr, simplify_stmt, substitute_stmt
-from cuvil.ir.stmt import Allocate, Block, For, If, LetStmt, LoweredFunc, Stmt, Store, block
+from cuvil.ir.stmt import Block, For, LoweredFunc, Stmt, block
 
 MAX_UNROLL = 256  # iterations; a longer constant loop is left to LLVM's unroller
 
 
 def unroll_loops(func: LoweredFunc) -> LoweredFunc:
     """``func`` with every constant-extent ``unroll`` loop replaced by copies of its body."""
-    body = _unroll(func.body)
+    body = _Unroll().visit_stmt(func.body)
     if body is func.body:
         return func
     return LoweredFunc(func.name, func.params, body, func.size_vars, func.outputs)
 
 
-def _unroll(s: Stmt) -> Stmt:
-    if isinstance(s, Store):
-        return s
-    if isinstance(s, Block):
-        parts = [_unroll(x) for x in s.stmts]
-        return s if all(p is x for p, x in zip(parts, s.stmts)) else block(parts)
-    if isinstance(s, If):
-        then = _unroll(s.then_body)
-        other = None if s.else_body is None else _unroll(s.else_body)
-        return s if (then is s.then_body and other is s.else_body) else If(s.cond, then, other)
-    if isinstance(s, LetStmt):
-        body = _unroll(s.body)
-        return s if body is s.body else LetStmt(s.var, s.value, body)
-    if isinstance(s, Allocate):
-        body = _unroll(s.body)
-        return s if body is s.body else Allocate(s.buffer, body)
-    if isinstance(s, For):
-        body = _unroll(s.body)
+class _Unroll(StmtMutator):
+    """Inner loops first, so nested unroll loops become one block."""
+
+    def make_block(self, stmts: tuple[Stmt, ...]) -> Stmt:
+        return block(stmts)
+
+    def visit_For(self, s: For) -> Stmt:
+        body = self.visit_stmt(s.body)
         ext = simplify_expr(s.extent)
         if s.kind == "unroll" and isinstance(ext, Const) and int(ext.value) <= MAX_UNROLL:
             return _expand(s, body, int(ext.value))
         return s if body is s.body else For(s.var, s.min, s.extent, body, s.kind)
-    raise TypeError(f"unroll_loops: unknown statement {type(s).__name__}")
 
 
 def _expand(s: For, body: Stmt, trips: int) -> Stmt:

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from cuvil.ir import expr as E
 from cuvil.ir.expr import Binary, Const, Expr, Var
-from cuvil.ir.functor import ExprMutator, free_vars, walk
+from cuvil.ir.functor import ExprMutator, StmtMutator, free_vars, walk
 from cuvil.ir.simplify import simplify_expr, simplify_stmt, skey
-from cuvil.ir.stmt import Allocate, Block, For, If, LetStmt, LoweredFunc, Stmt, Store
+from cuvil.ir.stmt import Allocate, Block, For, If, LetStmt, LoweredFunc, Stmt
 
 MAX_VERSIONS = 3  # bounds versioned per loop (each one doubles the loop body)
 
@@ -68,47 +68,50 @@ class _Replace(ExprMutator):
 
 
 def _replace(s: Stmt, key: tuple, value: Expr) -> Stmt:
-    r = _Replace(key, value)
-    if isinstance(s, Store):
-        return Store(s.buffer, tuple(r.visit(i) for i in s.indices), r.visit(s.value))
-    if isinstance(s, For):
-        return For(s.var, r.visit(s.min), r.visit(s.extent), _replace(s.body, key, value), s.kind)
-    if isinstance(s, If):
-        other = None if s.else_body is None else _replace(s.else_body, key, value)
-        return If(r.visit(s.cond), _replace(s.then_body, key, value), other)
-    if isinstance(s, Block):
-        return Block(tuple(_replace(x, key, value) for x in s.stmts))
-    if isinstance(s, LetStmt):
-        return LetStmt(s.var, r.visit(s.value), _replace(s.body, key, value))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _replace(s.body, key, value))
-    raise TypeError(type(s).__name__)
+    return _ReplaceStmt(key, value).visit_stmt(s)
 
 
-def _version(s: Stmt, bound: set[int]) -> Stmt:
-    if isinstance(s, For):
-        inner = bound | {id(s.var)}
-        body = _version(s.body, inner)
+class _ReplaceStmt(StmtMutator):
+    def __init__(self, key: tuple, value: Expr):
+        self.r = _Replace(key, value)
+
+    def visit_expr(self, e: Expr) -> Expr:
+        return self.r.visit(e)
+
+
+class _Version(StmtMutator):
+    """Versions each loop's body (inner loops first); ``bound`` holds the ids of the variables bound
+    around the statement being visited (sizes, loop variables, lets)."""
+
+    def __init__(self, bound: set[int]):
+        self.bound = bound
+
+    def visit_For(self, s: For) -> Stmt:
+        outer = self.bound
+        self.bound = inner = outer | {id(s.var)}
+        try:
+            body = self.visit_stmt(s.body)
+        finally:
+            self.bound = outer
         for n, c, e in _tail_bounds(body, s.var, inner)[:MAX_VERSIONS]:
             full = simplify_stmt(_replace(body, skey(n), E.const(c, "int64")))
             if full is None:
                 continue
             body = If(simplify_expr(E.binary("ge", e, E.const(c, "int64"))), full, body)
         return For(s.var, s.min, s.extent, body, s.kind)
-    if isinstance(s, Block):
-        return Block(tuple(_version(x, bound) for x in s.stmts))
-    if isinstance(s, If):
-        other = None if s.else_body is None else _version(s.else_body, bound)
-        return If(s.cond, _version(s.then_body, bound), other)
-    if isinstance(s, LetStmt):
-        return LetStmt(s.var, s.value, _version(s.body, bound | {id(s.var)}))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _version(s.body, bound))
-    return s
+
+    def visit_LetStmt(self, s: LetStmt) -> Stmt:
+        outer = self.bound
+        self.bound = outer | {id(s.var)}
+        try:
+            body = self.visit_stmt(s.body)
+        finally:
+            self.bound = outer
+        return LetStmt(s.var, s.value, body)
 
 
 def version_tails(func: LoweredFunc) -> LoweredFunc:
     """``func`` with full tiles versioned apart from tail tiles."""
     bound = {id(v) for v in func.size_vars}
-    body = _version(func.body, bound)
+    body = _Version(bound).visit_stmt(func.body)
     return LoweredFunc(func.name, func.params, body, func.size_vars, func.outputs)

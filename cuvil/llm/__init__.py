@@ -4,9 +4,7 @@ updated in place and a generation loop.  See docs/llm.md."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from cuvil.lazy import lazy_attributes
 from cuvil.llm.weights import Q4, Q8, DecoderConfig, DecoderWeights, Dense, LayerWeights
 
 _LAZY = {"load": ("cuvil.llm.api", "load"), "read": ("cuvil.llm.api", "read"),
@@ -14,14 +12,7 @@ _LAZY = {"load": ("cuvil.llm.api", "load"), "read": ("cuvil.llm.api", "read"),
          "quantize_weight": ("cuvil.llm.quantize", "quantize_weight"), "from_hf": ("cuvil.llm.hf", "from_hf"),
          "from_gguf": ("cuvil.llm.gguf", "from_gguf"), "from_onnx_genai": ("cuvil.llm.onnx_genai", "from_onnx_genai")}
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        mod, attr = _LAZY[name]
-        value = getattr(importlib.import_module(mod), attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'cuvil.llm' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = ["Q4", "Q8", "DecoderConfig", "DecoderWeights", "Dense", "Generator", "LayerWeights", "from_gguf", "from_hf",

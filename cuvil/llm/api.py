@@ -102,13 +102,14 @@ def _quantizer(weights: str, group: int) -> Callable[[str, Any], Weight]:
 
 
 def load(source: Any, weights: str = "as-stored", *, context: int | None = None, chunk: int = 64,
-         group: int = 32, kv_cache: str = "float32", target: Any = None) -> Generator:
+         group: int = 32, kv_cache: str = "float32", target: Any = None, options: Any = None) -> Generator:
     """A :class:`~cuvil.llm.runtime.Generator` for ``source`` with ``weights`` ("as-stored", "fp32",
     "int4", "int8"; int4 quantizes in groups of ``group``) and a cache of ``context`` positions
-    (``kv_cache``: "float32" or "int8"), its prefill and decode steps compiled."""
+    (``kv_cache``: "float32" or "int8"), its prefill and decode steps compiled; ``options``: a
+    :class:`~cuvil.options.CompileOptions` whose ``check_schedules`` has isl prove the contractions' schedules."""
     if weights not in WEIGHTS:
         raise ArgumentError(f"weights={weights!r}: choose one of {', '.join(WEIGHTS)}")
     # int4 / int8: each projection is quantized as it is read (the float32 model is never whole in memory)
     lean = _quantizer(weights, group) if weights in ("int4", "int8") else None
     w = convert(read(source, max_context=context, transform=lean), weights, group)
-    return Generator(w, context=context, chunk=chunk, target=target, kv_cache=kv_cache).compile()
+    return Generator(w, context=context, chunk=chunk, target=target, kv_cache=kv_cache, options=options).compile()

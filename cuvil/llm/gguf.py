@@ -294,36 +294,72 @@ def from_gguf(path: str | os.PathLike, max_context: int | None = None,
     ``"head"``; a tied head is made from the embedding's matrix) as it is read, so that a quantizer never
     holds more than one float32 tensor; quantized tensors and the embedding stay as stored."""
     f = read_gguf(path)
-    md, p = f.metadata, f.path
-    arch = md.get("general.architecture")
+    arch = f.metadata.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelError(f"{p}: GGUF architecture {arch!r} is not supported by cuvil.llm; supported: "
+        raise ModelError(f"{f.path}: GGUF architecture {arch!r} is not supported by cuvil.llm; supported: "
                          f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    r = _Reader(f, arch, transform)
+    c = _config(r, max_context)
+    layers = [_layer(r, c, i) for i in range(c.layers)]
+    H, vocab = c.hidden, c.vocab
+    embed = r.weight("token_embd.weight", (vocab, H))
+    if not c.tie_embeddings:
+        head = r.weight("output.weight", (vocab, H), "head")
+    elif transform is not None and isinstance(embed, Dense):
+        head = transform("head", embed.w)
+    else:
+        head = embed
+    return DecoderWeights(config=c, embed=embed, layers=tuple(layers), norm=r.vector("output_norm.weight", H),
+                          head=head, source=str(Path(f.path)))
 
-    def meta(key: str, default: Any = None) -> Any:
-        v = md.get(f"{arch}.{key}", default)
+
+class _Reader:
+    """A GGUF file's metadata and tensors as :func:`from_gguf` reads them, each lookup checked."""
+
+    def __init__(self, f: GGUFFile, arch: str, transform: Callable[[str, np.ndarray], Weight] | None):
+        self.f, self.md, self.p, self.arch, self.transform = f, f.metadata, f.path, arch, transform
+
+    def meta(self, key: str, default: Any = None) -> Any:
+        """``{arch}.{key}`` (one value for every layer), ``default`` when absent; an error when that is None."""
+        v = self.md.get(f"{self.arch}.{key}", default)
         if v is None:
-            raise ModelError(f"{p}: GGUF metadata has no {arch}.{key}")
+            raise ModelError(f"{self.p}: GGUF metadata has no {self.arch}.{key}")
         if isinstance(v, np.ndarray):
             if v.size == 0 or np.any(v != v.flat[0]):
-                raise UnsupportedOpError(f"{p}: {arch}.{key} differs between layers ({v.tolist()}); cuvil.llm "
-                                         f"takes one value for every layer")
+                raise UnsupportedOpError(f"{self.p}: {self.arch}.{key} differs between layers ({v.tolist()}); "
+                                         f"cuvil.llm takes one value for every layer")
             v = v.flat[0].item()
         return v
 
-    def tensor(name: str) -> GGUFTensor:
-        if name not in f.tensors:
-            raise ModelError(f"{p}: tensor {name} is missing")
-        return f.tensors[name]
+    def tensor(self, name: str) -> GGUFTensor:
+        if name not in self.f.tensors:
+            raise ModelError(f"{self.p}: tensor {name} is missing")
+        return self.f.tensors[name]
 
-    def vector(name: str, size: int) -> np.ndarray:
-        t = tensor(name)
+    def vector(self, name: str, size: int) -> np.ndarray:
+        t = self.tensor(name)
         if t.shape != (size,):
-            raise ModelError(f"{p}: tensor {name} is {list(t.shape)}; expected [{size}]")
+            raise ModelError(f"{self.p}: tensor {name} is {list(t.shape)}; expected [{size}]")
         if t.type not in ("F32", "F16", "BF16"):
-            raise ModelError(f"{p}: tensor {name} has type {t.type}; a norm or bias is F32, F16 or BF16")
+            raise ModelError(f"{self.p}: tensor {name} has type {t.type}; a norm or bias is F32, F16 or BF16")
         return np.ascontiguousarray(_float(t), dtype=np.float32)
 
+    def weight(self, name: str, shape: tuple[int, int], as_: str | None = None) -> Weight:
+        """A projection (``transform``-ed as ``as_`` when it is stored as floats), as stored otherwise."""
+        t = self.tensor(name)
+        if t.shape != shape:
+            raise ModelError(f"{self.p}: tensor {name} is {list(t.shape)}; expected {list(shape)}")
+        if self.transform is not None and as_ is not None and t.type in ("F32", "F16", "BF16"):
+            return self.transform(as_, _float(t))
+        return tensor_weight(t, self.p)
+
+    def bias(self, name: str, size: int) -> np.ndarray | None:
+        return self.vector(name, size) if name in self.f.tensors else None
+
+
+def _config(r: _Reader, max_context: int | None) -> DecoderConfig:
+    """The decoder's shape, RoPE, tokens and context from the metadata (and the embedding's shape)."""
+    md, p, arch, meta = r.md, r.p, r.arch, r.meta
     hidden, heads = int(meta("embedding_length")), int(meta("attention.head_count"))
     kv_heads = int(meta("attention.head_count_kv", heads))
     head_dim = int(md.get(f"{arch}.attention.key_length", hidden // heads))
@@ -331,70 +367,49 @@ def from_gguf(path: str | os.PathLike, max_context: int | None = None,
     if rot != head_dim:
         raise UnsupportedOpError(f"{p}: rotary on {rot} of {head_dim} head dimensions is not supported")
     theta = float(meta("rope.freq_base", 10000.0))
-    inv_freq = _rope_inv_freq(f, arch, theta, head_dim)
-    embed_t = tensor("token_embd.weight")
+    inv_freq = _rope_inv_freq(r.f, arch, theta, head_dim)
+    embed_t = r.tensor("token_embd.weight")
     if len(embed_t.shape) != 2 or embed_t.shape[1] != hidden:
         raise ModelError(f"{p}: tensor token_embd.weight is {list(embed_t.shape)}; expected [vocab, {hidden}]")
-    vocab = embed_t.shape[0]
     eos = tuple(dict.fromkeys(int(md[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
                               if md.get(k) is not None))
     bos = md.get("tokenizer.ggml.bos_token_id")
-    config = DecoderConfig(
-        vocab=vocab, hidden=hidden, layers=int(meta("block_count")), heads=heads, kv_heads=kv_heads,
+    return DecoderConfig(
+        vocab=embed_t.shape[0], hidden=hidden, layers=int(meta("block_count")), heads=heads, kv_heads=kv_heads,
         head_dim=head_dim, ffn=int(meta("feed_forward_length")),
         rope_theta=theta,
         rms_eps=_f32_value(meta("attention.layer_norm_rms_epsilon", 1e-5)),
         max_context=int(max_context or meta("context_length", 2048)),
         sliding_window=int(md.get(f"{arch}.attention.sliding_window", 0) or 0),
-        tie_embeddings="output.weight" not in f.tensors,
+        tie_embeddings="output.weight" not in r.f.tensors,
         family=str(arch),
         bos=None if bos is None else int(bos),
         eos=eos,
         rope_inv_freq=None if inv_freq is None else tuple(float(x) for x in inv_freq),
     )
-    c = config
 
-    def weight(name: str, shape: tuple[int, int], as_: str | None = None) -> Weight:
-        t = tensor(name)
-        if t.shape != shape:
-            raise ModelError(f"{p}: tensor {name} is {list(t.shape)}; expected {list(shape)}")
-        if transform is not None and as_ is not None and t.type in ("F32", "F16", "BF16"):
-            return transform(as_, _float(t))
-        return tensor_weight(t, p)
 
-    def bias(name: str, size: int) -> np.ndarray | None:
-        return vector(name, size) if name in f.tensors else None
-
+def _layer(r: _Reader, c: DecoderConfig, i: int) -> LayerWeights:
+    """Layer ``i``'s tensors (``blk.{i}.*``), q and k rows back in rotate-half order where the converter
+    permuted them."""
     H, q_rows, kv_rows = c.hidden, c.heads * c.head_dim, c.kv_heads * c.head_dim
-    permuted = arch in _PERMUTED
-    layers = []
-    for i in range(c.layers):
-        b, n = f"blk.{i}.", f"layers.{i}."
-        q, k = weight(b + "attn_q.weight", (q_rows, H), n + "q"), weight(b + "attn_k.weight", (kv_rows, H), n + "k")
-        qb, kb = bias(b + "attn_q.bias", q_rows), bias(b + "attn_k.bias", kv_rows)
-        if permuted:
-            q, k = unpermute_rotary(q, c.heads), unpermute_rotary(k, c.kv_heads)
-            qb = None if qb is None else unpermute_rotary(qb, c.heads)
-            kb = None if kb is None else unpermute_rotary(kb, c.kv_heads)
-        layers.append(LayerWeights(
-            attn_norm=vector(b + "attn_norm.weight", H),
-            q=q, k=k, v=weight(b + "attn_v.weight", (kv_rows, H), n + "v"),
-            o=weight(b + "attn_output.weight", (H, q_rows), n + "o"),
-            ffn_norm=vector(b + "ffn_norm.weight", H),
-            gate=weight(b + "ffn_gate.weight", (c.ffn, H), n + "gate"),
-            up=weight(b + "ffn_up.weight", (c.ffn, H), n + "up"),
-            down=weight(b + "ffn_down.weight", (H, c.ffn), n + "down"),
-            q_bias=qb, k_bias=kb, v_bias=bias(b + "attn_v.bias", kv_rows),
-        ))
-    embed = weight("token_embd.weight", (vocab, H))
-    if not c.tie_embeddings:
-        head = weight("output.weight", (vocab, H), "head")
-    elif transform is not None and isinstance(embed, Dense):
-        head = transform("head", embed.w)
-    else:
-        head = embed
-    return DecoderWeights(config=c, embed=embed, layers=tuple(layers), norm=vector("output_norm.weight", H),
-                          head=head, source=str(Path(p)))
+    b, n = f"blk.{i}.", f"layers.{i}."
+    q, k = r.weight(b + "attn_q.weight", (q_rows, H), n + "q"), r.weight(b + "attn_k.weight", (kv_rows, H), n + "k")
+    qb, kb = r.bias(b + "attn_q.bias", q_rows), r.bias(b + "attn_k.bias", kv_rows)
+    if r.arch in _PERMUTED:
+        q, k = unpermute_rotary(q, c.heads), unpermute_rotary(k, c.kv_heads)
+        qb = None if qb is None else unpermute_rotary(qb, c.heads)
+        kb = None if kb is None else unpermute_rotary(kb, c.kv_heads)
+    return LayerWeights(
+        attn_norm=r.vector(b + "attn_norm.weight", H),
+        q=q, k=k, v=r.weight(b + "attn_v.weight", (kv_rows, H), n + "v"),
+        o=r.weight(b + "attn_output.weight", (H, q_rows), n + "o"),
+        ffn_norm=r.vector(b + "ffn_norm.weight", H),
+        gate=r.weight(b + "ffn_gate.weight", (c.ffn, H), n + "gate"),
+        up=r.weight(b + "ffn_up.weight", (c.ffn, H), n + "up"),
+        down=r.weight(b + "ffn_down.weight", (H, c.ffn), n + "down"),
+        q_bias=qb, k_bias=kb, v_bias=r.bias(b + "attn_v.bias", kv_rows),
+    )
 
 
 def _rope_inv_freq(f: GGUFFile, arch: str, theta: float, head_dim: int) -> np.ndarray | None:

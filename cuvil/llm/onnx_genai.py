@@ -31,7 +31,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -295,6 +295,53 @@ def _theta(g: _Graph, node: Any, cos: np.ndarray, sin: np.ndarray, head_dim: int
 
 
 def _walk(g: _Graph, dec: dict, model_cfg: dict, max_context: int | None) -> DecoderWeights:
+    embed, gather, x, embed_scale = _embedding_input(g, dec)
+    n_layers = int(dec.get("num_hidden_layers", 0))
+    if n_layers < 1:
+        raise ModelError(f"{g.path}: genai_config.json has no decoder.num_hidden_layers")
+    norm = g.one_user(x, ("SimplifiedLayerNormalization",), gather, "the first layer's input norm")
+    rotary: dict[str, Any] = {}
+    layers, acts, windows, eps = [], set(), set(), _attr(norm, "epsilon", 1e-5)
+    for _ in range(n_layers):
+        layer, attn, act, norm = _layer(g, norm, rotary)
+        layers.append(layer)
+        windows.add(attn.window)
+        acts.add(act)
+
+    heads_out = g.users(norm.output[0], _MATMULS)
+    if len(heads_out) != 1:
+        raise g.error(norm, "its output should feed one lm_head projection (a model built with "
+                            "exclude_lm_head?)")
+    head = _weight(g, heads_out[0])
+    cos = g.array(rotary["cos"][0], rotary["cos"][1], "cos_cache")
+    sin = g.array(rotary["sin"][0], rotary["sin"][1], "sin_cache")
+    head_dim = int(dec.get("head_size") or attn.head_dim)
+    eos = model_cfg.get("eos_token_id")
+    eos = tuple(int(e) for e in eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    bos = model_cfg.get("bos_token_id")
+    if len(windows) > 1 or len(acts) > 1:
+        raise UnsupportedOpError(f"{g.path}: layers differ in their attention windows {sorted(windows)} or "
+                                 f"activations {sorted(acts)}; cuvil.llm takes one for every layer")
+    config = DecoderConfig(
+        vocab=embed.shape[0], hidden=embed.shape[1], layers=n_layers, heads=int(attn.heads),
+        kv_heads=int(attn.kv_heads), head_dim=head_dim, ffn=layers[0].gate.shape[0],
+        rope_theta=_theta(g, rotary["cos"][0], cos, sin, head_dim),
+        rms_eps=_f32_value(eps),
+        max_context=int(max_context or model_cfg.get("context_length") or cos.shape[0]),
+        sliding_window=windows.pop(),
+        act=acts.pop(),
+        embed_scale=embed_scale,
+        family=str(model_cfg.get("type", "llama")),
+        bos=None if bos is None else int(bos),
+        eos=eos,
+    )
+    return DecoderWeights(config=config, embed=embed, layers=tuple(layers), norm=_gamma(g, norm), head=head,
+                          source=g.path)
+
+
+def _embedding_input(g: _Graph, dec: dict) -> tuple[Weight, Any, str, float]:
+    """The embedding table, its Gather of ``input_ids``, the value the first layer reads (after a scaling
+    Mul when the model has one) and that scale (1.0 without one)."""
     ids = dec.get("inputs", {}).get("input_ids", "input_ids")
     gathers = [n for n in g.consumers.get(ids, []) if n.op_type in ("Gather", "GatherBlockQuantized")]
     if len(gathers) != 1:
@@ -310,109 +357,99 @@ def _walk(g: _Graph, dec: dict, model_cfg: dict, max_context: int | None) -> Dec
         if c.size != 1:
             raise g.error(mul, f"embedding scale is {list(c.shape)}; expected a scalar")
         embed_scale, x = float(c.reshape(-1)[0]), mul.output[0]
+    return embed, gather, x, embed_scale
 
-    n_layers = int(dec.get("num_hidden_layers", 0))
-    if n_layers < 1:
-        raise ModelError(f"{g.path}: genai_config.json has no decoder.num_hidden_layers")
-    norm = g.one_user(x, ("SimplifiedLayerNormalization",), gather, "the first layer's input norm")
-    rotary: dict[str, Any] = {}
-    layers, attn, acts, windows, eps = [], None, set(), set(), _attr(norm, "epsilon", 1e-5)
-    for _ in range(n_layers):
-        h = norm.output[0]
-        attn_norm = _gamma(g, norm)
-        found = {n.name: n for mm in g.users(h, _MATMULS) for n in _forward_to_attention(g, mm.output[0])}
-        if len(found) != 1:
-            raise g.error(norm, f"its output should feed the projections of one GroupQueryAttention; found "
-                                f"{sorted(found) or 'none'}")
-        attn = next(iter(found.values()))
-        heads, kv_heads = _attr(attn, "num_heads"), _attr(attn, "kv_num_heads")
-        windows.add(max(int(_attr(attn, "local_window_size", -1)), 0))
-        if heads is None or kv_heads is None:
-            raise g.error(attn, "lacks num_heads / kv_num_heads")
-        if _attr(attn, "softcap", 0.0):
-            raise UnsupportedOpError(f"{g.path}: node {attn.name}: attention soft-capping is not supported")
-        q_node, q_bias = _back_to_matmul(g, attn.input[0], attn, rotary)
-        q_w = _weight(g, q_node)
-        packed = len(attn.input) < 3 or not attn.input[1]
-        if packed:
-            total = q_w.shape[0]
-            head_dim = total // (heads + 2 * kv_heads)
-            if head_dim * (heads + 2 * kv_heads) != total:
-                raise g.error(q_node, f"packed q/k/v projection has {total} outputs, not a multiple of "
-                                      f"{heads} + 2 x {kv_heads} heads")
-            qn, kn = heads * head_dim, kv_heads * head_dim
-            q, k, v = _rows(q_w, 0, qn), _rows(q_w, qn, qn + kn), _rows(q_w, qn + kn, total)
-            qb = kb = vb = None
-            if q_bias is not None:
-                qb, kb, vb = q_bias[:qn], q_bias[qn:qn + kn], q_bias[qn + kn:]
-        else:
-            k_node, kb = _back_to_matmul(g, attn.input[1], attn, rotary)
-            v_node, vb = _back_to_matmul(g, attn.input[2], attn, rotary)
-            q, k, v, qb = q_w, _weight(g, k_node), _weight(g, v_node), q_bias
-            head_dim = q.shape[0] // heads
-        if _attr(attn, "do_rotary", 0):
-            rotary.update(cos=(attn, 7), sin=(attn, 8), interleaved=_attr(attn, "rotary_interleaved", 0))
-        if "cos" not in rotary:
-            raise g.error(attn, "no rotary embedding (do_rotary=0 and no RotaryEmbedding before it)")
-        if rotary.get("interleaved"):
-            # interleaved rotary pairs (2i, 2i+1) are GGUF's layout: reorder rows to rotate-half pairs
-            q, k = unpermute_rotary(q, heads), unpermute_rotary(k, kv_heads)
-            qb = None if qb is None else unpermute_rotary(qb, heads)
-            kb = None if kb is None else unpermute_rotary(kb, kv_heads)
-        scale = _attr(attn, "scale", 0.0)
-        if scale and abs(scale * math.sqrt(head_dim) - 1) > 1e-5:
-            raise UnsupportedOpError(f"{g.path}: node {attn.name}: attention scale {scale} is not "
-                                     f"1/sqrt(head_dim={head_dim})")
 
-        o_node = g.one_user(attn.output[0], _MATMULS, attn, "the output projection")
-        post = g.one_user(o_node.output[0], ("SkipSimplifiedLayerNormalization",), o_node,
-                          "the post-attention norm (an o_proj bias is not supported)")
-        if len(post.output) < 4 or not post.output[3]:
-            raise g.error(post, "has no residual-sum output (output 3)")
-        nxt_norm = g.one_user(post.output[3], ("SkipSimplifiedLayerNormalization",), post,
-                              "the next layer's norm")
-        down_in = [i for i in nxt_norm.input[:2] if i != post.output[3]]
-        down_node, down_bias = _back_to_matmul(g, down_in[0] if down_in else "", nxt_norm, {})
-        if down_bias is not None:
-            raise g.error(down_node, "has a bias (cuvil's decoder takes biases on q/k/v only)")
-        gate_node, up_node, act = _mlp(g, down_node, post.output[0])
-        acts.add(act)
-        layers.append(LayerWeights(
-            attn_norm=attn_norm, q=q, k=k, v=v, o=_weight(g, o_node), ffn_norm=_gamma(g, post),
-            gate=_weight(g, gate_node), up=_weight(g, up_node), down=_weight(g, down_node),
-            q_bias=qb, k_bias=kb, v_bias=vb,
-        ))
-        norm = nxt_norm
+class _Attention(NamedTuple):
+    """One layer's GroupQueryAttention node, its shape, and its q/k/v projections (rows in rotate-half
+    order) with their biases."""
 
-    heads_out = g.users(norm.output[0], _MATMULS)
-    if len(heads_out) != 1:
-        raise g.error(norm, "its output should feed one lm_head projection (a model built with "
-                            "exclude_lm_head?)")
-    head = _weight(g, heads_out[0])
-    cos = g.array(rotary["cos"][0], rotary["cos"][1], "cos_cache")
-    sin = g.array(rotary["sin"][0], rotary["sin"][1], "sin_cache")
-    head_dim = int(dec.get("head_size") or head_dim)
-    eos = model_cfg.get("eos_token_id")
-    eos = tuple(int(e) for e in eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-    bos = model_cfg.get("bos_token_id")
-    if len(windows) > 1 or len(acts) > 1:
-        raise UnsupportedOpError(f"{g.path}: layers differ in their attention windows {sorted(windows)} or "
-                                 f"activations {sorted(acts)}; cuvil.llm takes one for every layer")
-    config = DecoderConfig(
-        vocab=embed.shape[0], hidden=embed.shape[1], layers=n_layers, heads=int(heads), kv_heads=int(kv_heads),
-        head_dim=head_dim, ffn=layers[0].gate.shape[0],
-        rope_theta=_theta(g, rotary["cos"][0], cos, sin, head_dim),
-        rms_eps=_f32_value(eps),
-        max_context=int(max_context or model_cfg.get("context_length") or cos.shape[0]),
-        sliding_window=windows.pop(),
-        act=acts.pop(),
-        embed_scale=embed_scale,
-        family=str(model_cfg.get("type", "llama")),
-        bos=None if bos is None else int(bos),
-        eos=eos,
+    node: Any
+    heads: int
+    kv_heads: int
+    head_dim: int
+    window: int  # the sliding window (0: none)
+    q: Weight
+    k: Weight
+    v: Weight
+    q_bias: np.ndarray | None
+    k_bias: np.ndarray | None
+    v_bias: np.ndarray | None
+
+
+def _layer(g: _Graph, norm: Any, rotary: dict) -> tuple[LayerWeights, _Attention, str, Any]:
+    """The layer whose input norm is ``norm``: its weights, its attention, its MLP's activation and the next
+    layer's input norm (the final norm after the last layer)."""
+    attn_norm = _gamma(g, norm)
+    a = _attention(g, norm, rotary)
+    o_node = g.one_user(a.node.output[0], _MATMULS, a.node, "the output projection")
+    post = g.one_user(o_node.output[0], ("SkipSimplifiedLayerNormalization",), o_node,
+                      "the post-attention norm (an o_proj bias is not supported)")
+    if len(post.output) < 4 or not post.output[3]:
+        raise g.error(post, "has no residual-sum output (output 3)")
+    nxt_norm = g.one_user(post.output[3], ("SkipSimplifiedLayerNormalization",), post,
+                          "the next layer's norm")
+    down_in = [i for i in nxt_norm.input[:2] if i != post.output[3]]
+    down_node, down_bias = _back_to_matmul(g, down_in[0] if down_in else "", nxt_norm, {})
+    if down_bias is not None:
+        raise g.error(down_node, "has a bias (cuvil's decoder takes biases on q/k/v only)")
+    gate_node, up_node, act = _mlp(g, down_node, post.output[0])
+    layer = LayerWeights(
+        attn_norm=attn_norm, q=a.q, k=a.k, v=a.v, o=_weight(g, o_node), ffn_norm=_gamma(g, post),
+        gate=_weight(g, gate_node), up=_weight(g, up_node), down=_weight(g, down_node),
+        q_bias=a.q_bias, k_bias=a.k_bias, v_bias=a.v_bias,
     )
-    return DecoderWeights(config=config, embed=embed, layers=tuple(layers), norm=_gamma(g, norm), head=head,
-                          source=g.path)
+    return layer, a, act, nxt_norm
+
+
+def _attention(g: _Graph, norm: Any, rotary: dict) -> _Attention:
+    """The attention fed by ``norm``'s projections (one packed q/k/v projection or three); ``rotary`` gets
+    where the rotary caches are and whether pairs are interleaved."""
+    h = norm.output[0]
+    found = {n.name: n for mm in g.users(h, _MATMULS) for n in _forward_to_attention(g, mm.output[0])}
+    if len(found) != 1:
+        raise g.error(norm, f"its output should feed the projections of one GroupQueryAttention; found "
+                            f"{sorted(found) or 'none'}")
+    attn = next(iter(found.values()))
+    heads, kv_heads = _attr(attn, "num_heads"), _attr(attn, "kv_num_heads")
+    window = max(int(_attr(attn, "local_window_size", -1)), 0)
+    if heads is None or kv_heads is None:
+        raise g.error(attn, "lacks num_heads / kv_num_heads")
+    if _attr(attn, "softcap", 0.0):
+        raise UnsupportedOpError(f"{g.path}: node {attn.name}: attention soft-capping is not supported")
+    q_node, q_bias = _back_to_matmul(g, attn.input[0], attn, rotary)
+    q_w = _weight(g, q_node)
+    packed = len(attn.input) < 3 or not attn.input[1]
+    if packed:
+        total = q_w.shape[0]
+        head_dim = total // (heads + 2 * kv_heads)
+        if head_dim * (heads + 2 * kv_heads) != total:
+            raise g.error(q_node, f"packed q/k/v projection has {total} outputs, not a multiple of "
+                                  f"{heads} + 2 x {kv_heads} heads")
+        qn, kn = heads * head_dim, kv_heads * head_dim
+        q, k, v = _rows(q_w, 0, qn), _rows(q_w, qn, qn + kn), _rows(q_w, qn + kn, total)
+        qb = kb = vb = None
+        if q_bias is not None:
+            qb, kb, vb = q_bias[:qn], q_bias[qn:qn + kn], q_bias[qn + kn:]
+    else:
+        k_node, kb = _back_to_matmul(g, attn.input[1], attn, rotary)
+        v_node, vb = _back_to_matmul(g, attn.input[2], attn, rotary)
+        q, k, v, qb = q_w, _weight(g, k_node), _weight(g, v_node), q_bias
+        head_dim = q.shape[0] // heads
+    if _attr(attn, "do_rotary", 0):
+        rotary.update(cos=(attn, 7), sin=(attn, 8), interleaved=_attr(attn, "rotary_interleaved", 0))
+    if "cos" not in rotary:
+        raise g.error(attn, "no rotary embedding (do_rotary=0 and no RotaryEmbedding before it)")
+    if rotary.get("interleaved"):
+        # interleaved rotary pairs (2i, 2i+1) are GGUF's layout: reorder rows to rotate-half pairs
+        q, k = unpermute_rotary(q, heads), unpermute_rotary(k, kv_heads)
+        qb = None if qb is None else unpermute_rotary(qb, heads)
+        kb = None if kb is None else unpermute_rotary(kb, kv_heads)
+    scale = _attr(attn, "scale", 0.0)
+    if scale and abs(scale * math.sqrt(head_dim) - 1) > 1e-5:
+        raise UnsupportedOpError(f"{g.path}: node {attn.name}: attention scale {scale} is not "
+                                 f"1/sqrt(head_dim={head_dim})")
+    return _Attention(attn, heads, kv_heads, head_dim, window, q, k, v, qb, kb, vb)
 
 
 def _forward_to_attention(g: _Graph, name: str) -> list[Any]:

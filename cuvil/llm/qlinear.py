@@ -48,6 +48,7 @@ from cuvil.cache import BoundedCache
 from cuvil.errors import ArgumentError, DTypeError, ShapeError
 from cuvil.llm import qlinear_kernels as qk
 from cuvil.llm.weights import Q4, Q8, Dense, Weight
+from cuvil.options import CompileOptions
 from cuvil.pipeline import build as _build
 
 __all__ = ["Linear", "linear", "quantize_rows"]
@@ -83,7 +84,7 @@ class Linear:
     "float32"; ``module``: the compiled contraction (``quantizer``: the activations' kernel, or None)."""
 
     def __init__(self, weight: Weight, rows: int, target: Any, residual: bool, bias: np.ndarray | None,
-                 activations: str | None):
+                 activations: str | None, options: CompileOptions | None = None):
         if not isinstance(weight, (Dense, Q4, Q8)):
             raise DTypeError(f"linear takes a Dense, Q4 or Q8 weight; got {type(weight).__name__}")
         if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
@@ -118,11 +119,13 @@ class Linear:
         # own weights (a repeated shape costs only the layout)
         lay = build(weight, self.rows, self.tile, self.target, self.residual, bias is not None,  # type: ignore[arg-type]
                     layout_only=True)
+        prove = options is not None and options.check_schedules  # isl proves the tile schedules (a debug mode)
         key = ("linear", build.__name__, type(weight).__name__, self.activations, self.tile, self.rows, self.N,
                self.K, getattr(weight, "group", 0), getattr(weight, "symmetric", False), self.residual,
-               bias is not None, str(self.target), tuple((c.shape, c.dtype.str) for c in lay.consts))
+               bias is not None, str(self.target), tuple((c.shape, c.dtype.str) for c in lay.consts), prove)
         if key not in _MODULES:
-            prog = build(weight, self.rows, self.tile, self.target, self.residual, bias is not None)  # type: ignore[arg-type]
+            prog = build(weight, self.rows, self.tile, self.target, self.residual, bias is not None,  # type: ignore[arg-type]
+                         prove=prove)
             _MODULES[key] = _build(prog.schedule, prog.args, self.target, name="linear")
         self.module = _MODULES[key]
         self._weights = list(lay.consts)
@@ -186,7 +189,10 @@ _MODULES: BoundedCache = BoundedCache("cuvil.llm.qlinear._MODULES", 256)
 
 
 def linear(weight: Weight, rows: int, target: Any = None, *, residual: bool = False,
-           bias: np.ndarray | None = None, activations: str | None = None) -> Linear:
+           bias: np.ndarray | None = None, activations: str | None = None,
+           options: CompileOptions | None = None) -> Linear:
     """Compile ``out = residual + x @ weight^T + bias`` for ``rows`` rows of ``x`` (see the module's
-    docstring); ``activations``: "int8" (default for Q4 and Q8) or "float32" (Q4; always for Dense)."""
-    return Linear(weight, rows, target, residual, bias, activations)
+    docstring); ``activations``: "int8" (default for Q4 and Q8) or "float32" (Q4; always for Dense).
+    ``options``: of :class:`~cuvil.options.CompileOptions`, ``check_schedules`` (isl proves the kernel's
+    schedule, legal by construction and otherwise trusted: a debug mode)."""
+    return Linear(weight, rows, target, residual, bias, activations, options)

@@ -88,7 +88,7 @@ def choose_tile(target: Any, rows: int, n: int) -> Tile:
     prefill: four rows by two vectors (Zen 4, 2048 x 2048, 128 rows, 1 thread: 4x2 312 GFLOP/s, 6x2 318,
     8x1 313, 4x4 305, 2x4 291; x86-64-v3 code on the same CPU: 4x2 146, 2x4 152, 4x1 136).  Fewer
     vectors when N is smaller."""
-    lanes = max(4, target.vector_bits // 32)
+    lanes = target.panel_lanes(4)
     if rows < 4:
         want = max(2, (max(1, target.fma_units) * max(1, target.fma_latency)) // 2)
         vecs = min(1 << (want - 1).bit_length(), max(2, (target.vector_registers or 16) // 4))
@@ -114,19 +114,16 @@ def dot_signs(target: Any) -> str:
 # -- the kernels ------------------------------------------------------------------------------------------
 
 
-# whether isl proves the tile schedules: they are legal by construction (a contraction's output split into
-# panels and row tiles, its sums at each tile), so the build skips the proof, as for the automatic
-# scheduler's strategies; tests/test_llm_qlinear.py builds each kind once with PROVE = True
-PROVE = False
-
-
 def schedule_tile(s: Any, out: te.Tensor, y: te.Tensor, inner: te.Tensor | None, tile: Tile, red: list[Any],
-                  unroll_k: int = 1, max_t: int = 4) -> None:
-    """:func:`_tile_steps`, trusted (see :data:`PROVE`)."""
-    s.prove_deferred = PROVE
+                  unroll_k: int = 1, max_t: int = 4, prove: bool = False) -> None:
+    """:func:`_tile_steps`, trusted unless ``prove``: the tile schedules are legal by construction (a
+    contraction's output split into panels and row tiles, its sums at each tile), so the build skips isl's
+    proof, as for the automatic scheduler's strategies; ``prove`` (``CompileOptions(check_schedules=True)``
+    passed to :func:`cuvil.llm.qlinear.linear`) has isl prove them."""
+    s.prove_deferred = prove
     with s.deferred_checks([s[out]]):
         _tile_steps(s, out, y, inner, tile, red, unroll_k, max_t)
-    if not PROVE:
+    if not prove:
         s.trusted_steps = len(s.trace)
 
 
@@ -204,7 +201,7 @@ def _program(s: Any, ins: list[te.Tensor], consts: list[np.ndarray], X: te.Tenso
 
 
 def int8_program(w: Q4 | Q8, rows: int, tile: Tile, target: Any, residual: bool, bias: bool,
-                 layout_only: bool = False) -> Program:
+                 layout_only: bool = False, prove: bool = False) -> Program:
     """``out = residual + y + bias`` with ``y`` from int8 activations (arguments ``xa, xs, xsum``);
     ``layout_only``: only the constants (the program of a repeated shape is already compiled)."""
     K, N = w.shape[1], w.shape[0]
@@ -262,19 +259,19 @@ def int8_program(w: Q4 | Q8, rows: int, tile: Tile, target: Any, residual: bool,
     _, R, B = _io(rows, K, N, residual, bias)
     out = _out_stage(y, rows, N, R, B)
     s = te.create_schedule(out)
-    schedule_tile(s, out, y, isum, tile, red, max_t=4 if isinstance(w, Q4) else 8)
+    schedule_tile(s, out, y, isum, tile, red, max_t=4 if isinstance(w, Q4) else 8, prove=prove)
     ins = [W, WS] + ([WO] if WO is not None else []) + [XA, XS, XI]
     return _program(s, ins, consts, None, out, R, B, sum(a.nbytes for a in consts))
 
 
 def q4_float_program(w: Q4, rows: int, tile: Tile, target: Any, residual: bool, bias: bool,
-                     layout_only: bool = False) -> Program:
+                     layout_only: bool = False, prove: bool = False) -> Program:
     """``out = residual + y + bias`` with ``y`` from float32 activations: values decoded in registers,
     summed per group, scaled per group (a group that is not a multiple of 8: :func:`_q4_plain_program`)."""
     N, K = w.shape
     G = w.group
     if G % 8:
-        return _q4_plain_program(w, rows, target, residual, bias, layout_only)
+        return _q4_plain_program(w, rows, target, residual, bias, layout_only, prove)
     NG, pt = K // G, tile.pt
     tiles = -(-N // pt)
     sd = scale_dtype(w.scale, *([] if w.symmetric else [w.offset]))
@@ -313,13 +310,13 @@ def q4_float_program(w: Q4, rows: int, tile: Tile, target: Any, residual: bool, 
     y = te.compute((rows, tiles * pt), y_body, name="y")
     out = _out_stage(y, rows, N, R, B)
     s = te.create_schedule(out)
-    schedule_tile(s, out, y, fsum, tile, [t, j], max_t=2)
+    schedule_tile(s, out, y, fsum, tile, [t, j], max_t=2, prove=prove)
     return _program(s, [W, WS] + ([WO] if WO is not None else []), consts, X, out, R, B,
                     sum(a.nbytes for a in consts))
 
 
 def _q4_plain_program(w: Q4, rows: int, target: Any, residual: bool, bias: bool,
-                      layout_only: bool = False) -> Program:
+                      layout_only: bool = False, prove: bool = False) -> Program:
     """Q4 with a group that is not a multiple of 8, float32 activations: the product with the weights
     dequantized per element, one value per byte (correct, auto-scheduled; not tuned)."""
     from cuvil.schedule.auto import auto_schedule
@@ -339,12 +336,12 @@ def _q4_plain_program(w: Q4, rows: int, target: Any, residual: bool, bias: bool,
                                                               + WO[n, k // G]), axis=k), name="y")
     out = _out_stage(y, rows, N, R, B)
     args = [W, WS, WO, X] + [t for t in (R, B) if t is not None] + [out]
-    s = auto_schedule(args, target)
+    s = auto_schedule(args, target, prove=True if prove else None)
     return _program(s, [W, WS, WO], consts, X, out, R, B, sum(a.nbytes for a in consts))
 
 
 def dense_program(w: Dense, rows: int, tile: Tile, target: Any, residual: bool, bias: bool,
-                  layout_only: bool = False) -> Program:
+                  layout_only: bool = False, prove: bool = False) -> Program:
     """``out = residual + x @ W^T + bias`` in float32, the weight in panels ``[N / PT, K, PT]``."""
     N, K = w.shape
     pt = tile.pt
@@ -358,7 +355,7 @@ def dense_program(w: Dense, rows: int, tile: Tile, target: Any, residual: bool, 
     y = te.compute((rows, tiles * pt), lambda m, n: te.sum(X[m, k] * W[n // pt, k, n % pt], axis=k), name="y")
     out = _out_stage(y, rows, N, R, B)
     s = te.create_schedule(out)
-    schedule_tile(s, out, y, None, tile, [], unroll_k=DENSE_UNROLL)
+    schedule_tile(s, out, y, None, tile, [], unroll_k=DENSE_UNROLL, prove=prove)
     return _program(s, [W], consts, X, out, R, B, consts[0].nbytes)
 
 
@@ -369,7 +366,7 @@ def quantizer(rows: int, K: int, G: int, target: Any) -> tuple[Any, list[te.Tens
     vector of ``L`` partial results per group (contiguous loads) and then its ``L`` lanes, so that no loop
     reads with a stride of a group."""
     NG = K // G
-    lanes = max(4, target.vector_bits // 32)
+    lanes = target.panel_lanes(4)
     L = next(v for v in (lanes, 8, 4, 2, 1) if G % v == 0)
     C = G // L
     X = te.placeholder((rows, K), "float32", name="x")

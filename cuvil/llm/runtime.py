@@ -164,13 +164,15 @@ class Generator:
     the tokens a prefill step takes; ``linear``: the factory of the weight contractions (default
     :func:`cuvil.llm.qlinear.linear`); ``activations``: "int8" or "float32" for the 4-bit weights' contractions
     (default: the kernels' choice, int8 where the CPU has an exact 8-bit dot product); ``kv_cache``:
-    "float32" or "int8" (a quarter of the bytes: int8 values and a float32 scale per token and head)."""
+    "float32" or "int8" (a quarter of the bytes: int8 values and a float32 scale per token and head);
+    ``options``: :class:`~cuvil.options.CompileOptions` for the weight contractions (``check_schedules``)."""
 
     def __init__(self, weights: DecoderWeights, *, context: int | None = None, chunk: int = 64,
                  target: Any = None, linear: Callable[..., Any] | None = None, activations: str | None = None,
-                 kv_cache: str = "float32"):
+                 kv_cache: str = "float32", options: Any = None):
         cfg = weights.config
         self.activations = activations
+        self.options = options
         if kv_cache not in ("float32", "int8"):
             raise ArgumentError(f"kv_cache={kv_cache!r}: 'float32' or 'int8'")
         self.kv_cache = kv_cache
@@ -238,6 +240,8 @@ class Generator:
 
     def _make_linear(self, weight: Any, T: int, *, residual: bool, bias: np.ndarray | None) -> Any:
         extra = {"activations": self.activations} if self.activations and isinstance(weight, Q4) else {}
+        if self.options is not None:  # (a linear factory written without options stays usable)
+            extra["options"] = self.options
         return self._linear(weight, T, self.target, residual=residual, bias=bias, **extra)
 
     def compile(self) -> Generator:

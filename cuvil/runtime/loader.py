@@ -3,7 +3,7 @@
 
 Uses only ctypes, numpy and json (never llvmlite or islpy): what validates calls is the JSON the
 library embeds (``cuvil_module_meta()`` says which kind it is; then ``cuvil_meta_<name>()`` for a
-function, ``<prefix>_meta()`` for a model; see cuvil/graph/export.py).
+function, ``<prefix>_meta()`` for a model; see cuvil/graph/export/library.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from cuvil.runtime import threads
 from cuvil.runtime.call import CFUNC, CFUNC_CHECKED, CallPlan, NativeFunction, check_feed_names
 from cuvil.runtime.meta import ABI_VERSION
 
-MODEL_ABIS = (1, 2)  # cuvil.graph.export: MODEL_ABI (fixed shapes), SIZES_ABI (symbolic sizes first); not
+MODEL_ABIS = (1, 2)  # cuvil.graph.export.library: MODEL_ABI (fixed shapes), SIZES_ABI (symbolic sizes first); not
 # imported: that module needs the compiler
 
 

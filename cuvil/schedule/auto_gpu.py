@@ -41,7 +41,8 @@ from cuvil.ir.functor import free_vars, walk
 from cuvil.schedule.axes import const_int
 from cuvil.schedule.contraction import product_operands
 from cuvil.schedule.fallback import REFUSED, fall_back
-from cuvil.schedule.schedule import Schedule, Stage
+from cuvil.schedule.schedule import Schedule
+from cuvil.schedule.stage import Stage
 from cuvil.te.tensor import ComputeOp, ScanOp
 
 THREADS = 256  # threads per block of the one-thread-per-output strategy

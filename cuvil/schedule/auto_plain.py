@@ -22,8 +22,13 @@ from cuvil.schedule.axes import const_int
 from cuvil.schedule.contraction import _uses, unit_stride_last
 from cuvil.schedule.fallback import REFUSED, fall_back
 from cuvil.schedule.heuristics import Heuristics
-from cuvil.schedule.schedule import Schedule, Stage
+from cuvil.schedule.schedule import Schedule
+from cuvil.schedule.stage import Stage
 from cuvil.te.tensor import ComputeOp, ScatterOp
+
+# A vector of elements at most this far apart is a load of their span and a shuffle (the LLVM code
+# generator's strided loads), not a load per lane: a window read with such a stride is still vectorised.
+SPAN_STRIDE = 4
 
 
 def _dtype_bytes(dtype: str) -> int:
@@ -211,8 +216,8 @@ class PlainStrategies:
         if ext is None or ext < 4 or window > 64:
             return False
         reads = [n for n in walk(op.body) if isinstance(n, TensorRead) and any(_uses(ix, inner) for ix in n.indices)]
-        if not all(unit_stride_last(r, inner) for r in reads):
-            return False  # a strided window (pooling with stride 2): gathers cost more than they save
+        if not all(unit_stride_last(r, inner, SPAN_STRIDE) for r in reads):
+            return False  # a window read further apart: a load per lane costs more than the window saves
         try:
             with self.s.deferred_checks(self.outputs):
                 st.reorder(*data[:-1], *red, inner)

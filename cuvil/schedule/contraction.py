@@ -67,7 +67,7 @@ def product_operands(body: Expr) -> tuple[TensorRead, TensorRead] | None:
 def _decoded(x: Expr) -> tuple[TensorRead, list[TensorRead]] | None:
     """An operand that is an element-wise expression of reads, not a bare read: 4-bit weights unpacked
     and scaled in registers, ``float(value j of W[n // P, u, n % P]) * S[n // P, b, n % P]`` (MatMulNBits:
-    :mod:`cuvil.graph.ops.llm_ms`).  Its reads, and the read of the largest tensor among them, which
+    :mod:`cuvil.graph.ops.quant.nbits`).  Its reads, and the read of the largest tensor among them, which
     stands for the operand (the weights; the scales beside them are a 16th of their elements or less),
     which must be of an integer type decoded to floats (an expression of float reads, such as a padded
     input inlined into a convolution, is left to the other strategies).  No reduction inside."""
@@ -114,8 +114,9 @@ def _uses(e: Expr, v: IterVar) -> bool:
     return any(x is v for x in free_vars(e))
 
 
-def unit_stride_last(read: TensorRead, v: IterVar) -> bool:
-    """The last index of ``read`` is ``v + (terms without v)``, and no other index uses ``v``."""
+def unit_stride_last(read: TensorRead, v: IterVar, most: int = 1) -> bool:
+    """The last index of ``read`` is ``v + (terms without v)``, and no other index uses ``v``; with ``most``
+    > 1, ``k * v + (terms without v)`` for ``1 <= k <= most`` too."""
     if any(_uses(ix, v) for ix in read.indices[:-1]):
         return False
     last = read.indices[-1]
@@ -128,7 +129,7 @@ def unit_stride_last(read: TensorRead, v: IterVar) -> bool:
         return False
     coef = [k for t, k in lin[0].values() if t is v]
     others = [t for t, k in lin[0].values() if t is not v and k]
-    return coef == [1] and not any(_uses(t, v) for t in others)
+    return len(coef) == 1 and 1 <= coef[0] <= most and not any(_uses(t, v) for t in others)
 
 
 def _packable_dim(read: TensorRead, v: IterVar) -> int | None:

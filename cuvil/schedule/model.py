@@ -48,7 +48,7 @@ class Statement:
     """One isl statement: ``tensor[indices] = value`` (if ``guard``) for each point of ``domain``."""
 
     name: str
-    stage: Any  # cuvil.schedule.schedule.Stage
+    stage: Any  # cuvil.schedule.stage.Stage
     kind: str  # "compute", "init", "update", "scan_init", "scan_update", "scatter_copy", "scatter_update"
     iters: tuple[IterVar, ...]
     iter_names: tuple[str, ...]

@@ -4,7 +4,7 @@ example (docs/examples/run_model.c, one workspace for all runs) and onnxruntime,
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python docs/examples/bench_export.py resnet18 15
 
 Models: resnet18 (224x224), mobilenet (224x224), mlp (784-1024-1024-10, batch 64), built with
-onnx.helper by cuvil.zoo (seeded random weights). Needs gcc and onnxruntime.
+onnx.helper by cuvil.models.zoo (seeded random weights). Needs gcc and onnxruntime.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def main(name: str, reps: int) -> None:
     import cuvil
     import cuvil.onnx
     import cuvil.runtime
-    from cuvil import zoo
+    from cuvil.models import zoo
 
     model = {"resnet18": lambda: zoo.resnet18(224), "mobilenet": lambda: zoo.mobilenet_v2(224),
              "mlp": lambda: zoo.mlp()}[name]()

@@ -3,7 +3,7 @@ latency of cuvil.runtime.load(...).run at each size (interleaved, medians) besid
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python docs/examples/bench_symbolic.py bert 20
 
-Models (cuvil.zoo, onnx.helper, seeded random weights, symbolic 'batch'): bert (the 2-layer BERT-style
+Models (cuvil.models.zoo, onnx.helper, seeded random weights, symbolic 'batch'): bert (the 2-layer BERT-style
 encoder, hidden 256, sequence 128; inputs x and mask share the batch), resnet_block (the ResNet-style block
 at 32x32). Batch sizes 1 and 4.
 """
@@ -27,7 +27,7 @@ def main(name: str, reps: int) -> None:
     import cuvil
     import cuvil.onnx
     import cuvil.runtime
-    from cuvil import zoo
+    from cuvil.models import zoo
 
     model = {"bert": lambda: zoo.bert_encoder_model(), "resnet_block": lambda: zoo.resnet_block_model(32)}[name]()
     sess = cuvil.onnx.InferenceSession(model, num_threads=1)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from cuvil import te
-from cuvil.errors import ShapeError, UnsupportedOpError
+from cuvil.errors import DTypeError, ShapeError, UnsupportedOpError
 from cuvil.graph.ir import Node
 from cuvil.ir.expr import TensorRead
 from cuvil.ir.functor import ExprMutator, substitute, walk
@@ -47,7 +47,6 @@ def op(*names: str, since: int = 1) -> Callable[[Builder], Builder]:
 
 def builder_for(op_type: str, opset: int) -> Builder | None:
     """The builder for ``op_type`` at ``opset`` (the newest one registered at or before it)."""
-    _load_families()
     found = None
     for since, f in _REGISTRY.get(op_type, []):
         if since <= opset:
@@ -56,35 +55,9 @@ def builder_for(op_type: str, opset: int) -> Builder | None:
 
 
 def supported_ops() -> list[str]:
-    _load_families()
+    """Every op type with a builder (the families register theirs when :mod:`cuvil.graph.ops` is imported,
+    which importing this module does first)."""
     return sorted(_REGISTRY)
-
-
-def _load_families() -> None:
-    from cuvil.graph.ops import (  # noqa: F401
-        arith,
-        attention,
-        bitwise,
-        control,
-        convt,
-        einsum,
-        index,
-        layout,
-        llm_ms,
-        loss,
-        misc,
-        nn,
-        norm,
-        quant,
-        quant_conv,
-        quant_mm,
-        quant_ms,
-        reduce,
-        resize,
-        rnn,
-        rotary,
-        shape,
-    )
 
 
 @dataclass(frozen=True)
@@ -270,6 +243,13 @@ def norm_axis(ctx: NodeCtx, axis: int, rank: int, what: str = "axis") -> int:
     if not -rank <= axis < max(rank, 1):
         raise ctx.error(f"{what} {axis} is out of range for rank {rank}")
     return axis + rank if axis < 0 else axis
+
+
+def float32_inputs(ctx: NodeCtx, inputs: Sequence[int]) -> None:
+    """A DTypeError unless each of ``inputs`` that is present is float32 (builders that take no other type)."""
+    for i in inputs:
+        if ctx.has(i) and ctx.dtype(i) != "float32":
+            raise DTypeError(f"{ctx.node}: input {i} is {ctx.dtype(i)}; cuvil's {ctx.node.op_type} takes float32")
 
 
 def broadcast_shapes(ctx: NodeCtx, *shapes: tuple[int, ...]) -> tuple[int, ...]:

@@ -1,0 +1,41 @@
+"""``cuvil bench --registry``'s timing protocol on a small model: above 1 thread each engine runs in a
+process of its own (cuvil.bench.registry.time_apart), alternated in blocks."""
+
+import math
+
+import numpy as np
+import pytest
+import toolchain
+
+toolchain.module("onnx")
+toolchain.module("onnxruntime")
+
+from onnx import helper  # noqa: E402
+from onnx_models import float_model  # noqa: E402
+
+from cuvil.bench import registry as bench_registry  # noqa: E402
+
+
+@pytest.mark.slow
+def test_two_threads_time_each_engine_in_its_own_process(tmp_path):
+    rng = np.random.default_rng(0)
+    inits = {"W": rng.standard_normal((64, 32)) * 0.1, "B": rng.standard_normal(64)}
+    model = float_model([helper.make_node("Gemm", ["x", "W", "B"], ["g"], transB=1),
+                         helper.make_node("Relu", ["g"], ["y"])], [("x", [16, 32])], ["y"], inits)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    example = {"x": rng.standard_normal((16, 32)).astype(np.float32)}
+    c_cpu, c_wall, o_cpu, o_wall = bench_registry.time_apart(str(path), example, 2, rounds=5, budget_s=0.2)
+    for v in (c_cpu, c_wall, o_cpu, o_wall):
+        assert math.isfinite(v) and 0 < v < 1.0
+    r = bench_registry.Result("m", "onnx", latency={2: (c_cpu, c_wall, o_cpu, o_wall)})
+    assert r.ratio(2) == pytest.approx(c_wall / o_wall)  # wall time above 1 thread
+
+
+def test_a_child_that_cannot_load_the_model_is_a_cuvil_error(tmp_path):
+    from cuvil.errors import CuvilError
+
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(CuvilError, match="process of its own"):
+        bench_registry.time_apart(str(bad), {"x": np.zeros((2,), np.float32)}, 2, rounds=5, budget_s=0.1)
