@@ -21,8 +21,6 @@ from cuvil.schedule.heuristics import Heuristics
 from cuvil.schedule.schedule import Schedule
 from cuvil.te.tensor import ComputeOp, PlaceholderOp, Tensor
 
-PAIR_BYTES = 128  # the unit x86 cores' L2 spatial prefetchers fetch: an aligned pair of 64-byte lines
-
 
 def _reduction_loops(c: Contraction) -> int:
     """How many reduction loops of more than one iteration index the contraction's operands."""
@@ -239,23 +237,14 @@ class RegisterTiles:
         return t, (lambda *ax: (ax[d] // nr, *ax[:d], *ax[d + 1:], ax[d] % nr)), d
 
     def _short_tile_rows(self, op: ComputeOp, c: Contraction, nr: int) -> bool:
-        """Whether a tile reads the unpacked vector operand cheaply enough that packing it (a pass that
-        reads and writes all of it) saves nothing.  The tile reads ``nr`` columns in every reduction row:
-
-        - when those segments are whole pairs of cache lines (``PAIR_BYTES``: x86 cores' L2
-          prefetchers fetch 128-byte pairs, so a 64-byte segment drags in half a pair that the next panel
-          reads only much later), and the segments of the whole reduction fit in twice L1, unpacked reads
-          cost less than the copy (Zen 4, AVX-512, 1 thread: 1x1 convolutions 256 -> 64 at 56x56 1170 -> 947
-          us, 96 -> 16 at 54x54 120 -> 95, 256 -> 256 at 56x56 4.0 -> 3.9 ms; a 64 x 256 x 256 matmul 83 ->
-          76 us; but a 1024^3 matmul, 1024 rows of 128 bytes, 18.9 -> 19.9 ms unpacked);
-        - otherwise only when they fill at most a third of L1 (the same code for AVX2's 64-byte segments:
-          256 -> 64 at 56x56 1.06 ms packed, 1.47 unpacked; 64 x 3136 -> 256: 53 GFLOP/s unpacked, 40
-          packed)."""
+        """Whether the lines a tile reads of the unpacked vector operand over the whole reduction (its
+        ``nr`` columns in every reduction row) fill at most a third of L1: a 1x1 convolution over 64
+        channels (1 thread, 64 x 3136 -> 256: 53 GFLOP/s unpacked, 40 packed), not one over 256 (22
+        unpacked, 35 packed).  (Unpacked reads of 128-byte segments up to twice L1 won on the kernels alone
+        on a Zen 4 with AVX-512, 256 -> 64 at 56x56 1170 -> 947 us, and lost inside models: HRNet-W18-small
+        0.89 -> 1.04 of onnxruntime's time, MobileNetV2 0.99 -> 1.05.)"""
         k = math.prod(const_int(r.extent) or 1 << 20 for r in op.reduce_axis)
-        segment = nr * _dtype_bytes(c.vector.tensor.dtype)
-        lines = -(-segment // 64) * 64
-        if segment % PAIR_BYTES == 0 and self.target.triple.startswith("x86_64"):
-            return k * lines <= 2 * self.target.l1_size
+        lines = -(-nr * _dtype_bytes(c.vector.tensor.dtype) // 64) * 64
         return k * lines <= self.target.l1_size // 3
 
 
