@@ -2,16 +2,16 @@
 
 Profiles (choose with ``HYPOTHESIS_PROFILE=<name>``; "ci" is the default):
 
-- ``ci``: a modest number of examples per property so the whole suite runs in a
-  few minutes on two cores; every end-to-end example compiles a program
-  (~50-100 ms), so the example count is what the run time is made of.
+- ``ci``: a modest number of examples per property (the whole suite takes about 25 minutes on two cores,
+  the fast lane ``-m "not slow"`` under 5); every end-to-end example compiles a program (~50-100 ms), so
+  the example count is much of the run time.
 - ``dev``: five times the examples, for a local run before pushing.
 - ``thorough``: many examples, for hunting bugs overnight.
 
 ``deadline=None`` everywhere: the first build of a program pays for LLVM's
 start-up, which would trip a per-example deadline without saying anything
 about cuvil.  Tests that compile heavier programs ask for a fraction of the
-profile's examples through :func:`tests.reference.budget`.
+profile's examples through :func:`reference.budget` (tests/support/reference.py).
 """
 
 from __future__ import annotations

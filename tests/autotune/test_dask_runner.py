@@ -302,6 +302,7 @@ def test_kill_9_of_the_tuner_loses_no_finished_record(cluster, tmp_path) -> None
     assert after[:len(before)] == before and len(after) == 12 and res.measured == 12 - len(before)
 
 
+@pytest.mark.slow
 def test_a_board_killed_mid_measurement_is_rerouted(cluster, tmp_path, capfd) -> None:
     db = str(tmp_path / "t.db")
     runner = DaskRunner(client=cluster, board="x", measure=dask_faults.die_once(str(tmp_path / "died")))

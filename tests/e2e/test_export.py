@@ -347,6 +347,7 @@ def test_tensor_names_that_are_not_c_identifiers(tmp_path):
     assert proc.returncode == 0 and "output x*/y: float32, 2 elements: 0 0 sum 0" in proc.stdout, proc.stdout
 
 
+@pytest.mark.slow
 def test_a_library_exported_again_is_loaded_afresh(tmp_path):
     """dlopen hands back the library already loaded under a name; load() sees the file changed."""
     s = connx.InferenceSession(resnet_block_model(16))

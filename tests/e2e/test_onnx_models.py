@@ -71,6 +71,7 @@ def randomize_weights(model: object, seed: int = 0) -> object:
     return m
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LIGHT)
 def test_light_model(name: str) -> None:
     path = os.path.join(LIGHT_DIR, f"light_{name}.onnx")
@@ -93,8 +94,9 @@ def test_light_model(name: str) -> None:
     np.testing.assert_allclose(y, ref, rtol=1e-3, atol=1e-4 * scale)  # softmax outputs are ~1e-3
 
 
-@pytest.mark.parametrize("build, batch", [(resnet_block_model, 2), (mobilenet_v2_block_model, 1),
-                                          (bert_encoder_model, 1)])
+@pytest.mark.parametrize("build, batch", [pytest.param(resnet_block_model, 2, marks=pytest.mark.slow),
+                                          (mobilenet_v2_block_model, 1),
+                                          pytest.param(bert_encoder_model, 1, marks=pytest.mark.slow)])
 def test_pytorch_like_model(build: object, batch: int) -> None:
     model = build()
     onnx.checker.check_model(model)
@@ -112,7 +114,8 @@ def test_pytorch_like_model(build: object, batch: int) -> None:
         np.testing.assert_allclose(g, r, rtol=1e-3, atol=1e-4)
 
 
-@pytest.mark.parametrize("build", [lambda: resnet18(size=64), lambda: mobilenet_v2(size=64), mlp],
+@pytest.mark.parametrize("build", [pytest.param(lambda: resnet18(size=64), marks=pytest.mark.slow),
+                                   pytest.param(lambda: mobilenet_v2(size=64), marks=pytest.mark.slow), mlp],
                          ids=["resnet18", "mobilenet_v2", "mlp"])
 def test_whole_model(build: object) -> None:
     # every layer of ResNet-18 and MobileNetV2 (at 64x64 to keep compile and run short; benchmarks/models.py

@@ -50,6 +50,9 @@ XFAIL: dict[tuple[str, str, str], tuple[type[BaseException], str]] = {
 # run at two batch sizes.  (Not ResNet-18: its ci model compiles in ~14 s at batch 2 but ~36 s at batch 3.)
 DYNAMIC = ["unet", "lstm", "bert-base", "gpt2-decode"]
 DYNAMIC_BATCHES = (2, 3)
+# the fast lane's cases (-m "not slow"): a transformer with each exporter, and one dynamic export
+FAST = {("vit-s16", "torchscript", "static"), ("gpt2-decode", "dynamo", "static"),
+        ("gpt2-decode", "torchscript", "dynamic")}
 RTOL, ATOL = 1e-3, 1e-4
 
 
@@ -59,7 +62,7 @@ def _cases(models: list[str], kind: str) -> list:
         for exporter in registry.EXPORTERS:
             known = XFAIL.get((name, exporter, kind)) or XFAIL.get((name, "*", kind))
             marks = [pytest.mark.xfail(strict=True, raises=known[0], reason=known[1])] if known else []
-            marks += [pytest.mark.slow] if name in registry.WIDENED else []  # (once per CI run: registry.WIDENED)
+            marks += [] if (name, exporter, kind) in FAST else [pytest.mark.slow]
             out.append(pytest.param(name, exporter, id=f"{name}-{exporter}", marks=marks))
     return out
 

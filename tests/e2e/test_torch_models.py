@@ -65,9 +65,12 @@ XFAIL: dict[str, tuple[type[BaseException], str]] = {
 }
 
 
+FAST = {"distilbert", "unet"}  # the fast lane's models (-m "not slow"): a transformer and a conv net
+
+
 def _registry_cases() -> list:
     return [pytest.param(n, id=n, marks=([pytest.mark.xfail(strict=True, raises=XFAIL[n][0], reason=XFAIL[n][1])]
-                                         if n in XFAIL else []) + ([pytest.mark.slow] if n in registry.WIDENED else []))
+                                         if n in XFAIL else []) + ([] if n in FAST else [pytest.mark.slow]))
             for n in registry.names()]
 
 

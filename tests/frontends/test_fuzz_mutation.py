@@ -82,6 +82,7 @@ def test_mutants(campaign, model, kind):
                      f"{model} {kind} SEED):\n" + "\n".join(bad))
 
 
+@pytest.mark.slow
 def test_campaign_size(campaign):
     """The campaign judged what it was asked to, and enough of the mutants ran to compare answers."""
     verdicts = [v for vs in campaign.values() for _, v in vs]

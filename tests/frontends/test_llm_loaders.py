@@ -782,6 +782,7 @@ def test_onnx_genai_matches_hf(genai, name):
     close_to(ref.embed.w, w.embed)      # int4 Gemma: a GatherBlockQuantized table shared with the head
 
 
+@pytest.mark.slow
 def test_onnx_genai_missing_initializer(genai, tmp_path):
     import onnx
 
