@@ -65,6 +65,26 @@ def to_numpy(dtype: str) -> np.dtype:
     return np.dtype(dtype)
 
 
+# ONNX's TensorProto element type code of each dtype (Cast's "to", a value's elem_type)
+ONNX_CODES = {"float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "bool": 9,
+              "float16": 10, "float64": 11, "uint32": 12, "uint64": 13}
+_OF_ONNX_CODE = {code: name for name, code in ONNX_CODES.items()}
+
+
+def from_onnx_code(code: int, what: str) -> str:
+    """cuvil's dtype for an ONNX TensorProto element type code (``what``: where it was read, for the error)."""
+    if code not in _OF_ONNX_CODE:
+        try:
+            from onnx import TensorProto
+
+            name = TensorProto.DataType.Name(code)
+        except (ImportError, ValueError):
+            name = str(code)
+        raise DTypeError(f"{what}: element type {name} is not supported; cuvil supports "
+                         f"{', '.join(sorted(ONNX_CODES))}")
+    return _OF_ONNX_CODE[code]
+
+
 # ONNX's spelling of each dtype in a value's type, "tensor(float)" (what onnxruntime's NodeArg.type says)
 ONNX_TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "float16", "bool": "bool", "int8": "int8",
                    "int16": "int16", "int32": "int32", "int64": "int64", "uint8": "uint8", "uint16": "uint16",

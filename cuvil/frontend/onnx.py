@@ -55,13 +55,13 @@ def load_model(src: Any) -> Any:
 
 
 def _value_info(vi: Any) -> ValueInfo:
-    from cuvil.graph.ops.arith import onnx_dtype
+    from cuvil.dtype import from_onnx_code
 
     t = vi.type.tensor_type
     if not vi.type.HasField("tensor_type"):
         raise UnsupportedOpError(f"value {vi.name!r}: only tensors are supported (not sequences, maps or optionals)")
     try:
-        dtype: str | None = onnx_dtype(t.elem_type, f"value {vi.name!r}") if t.elem_type else None
+        dtype: str | None = from_onnx_code(t.elem_type, f"value {vi.name!r}") if t.elem_type else None
     except DTypeError:
         dtype = None
     shape = None
@@ -139,7 +139,7 @@ def check_tensor(t: Any, what: str) -> None:
 
 def import_model(model: Any) -> Graph:
     """The graph IR of a ModelProto, after validation (:func:`check_model`) and ONNX shape inference."""
-    from cuvil.graph.ops.arith import onnx_dtype
+    from cuvil.dtype import from_onnx_code
 
     model = _topologically_sorted(load_model(model))
     opset = check_model(model)
@@ -162,7 +162,7 @@ def import_model(model: Any) -> Graph:
     g = model.graph
     inits: dict[str, np.ndarray] = {}
     for t in g.initializer:
-        onnx_dtype(t.data_type, f"initializer {t.name!r}")
+        from_onnx_code(t.data_type, f"initializer {t.name!r}")
         inits[t.name] = tensor_array(t, f"initializer {t.name!r}")
     inputs = [_value_info(v) for v in g.input]
     for v in inputs:

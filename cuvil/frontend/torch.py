@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from cuvil.dtype import ONNX_CODES, ONNX_TYPE_NAMES
 from cuvil.errors import ModelError, UnsupportedOpError
 from cuvil.graph.ir import Graph, Node, ValueInfo
 
@@ -35,10 +36,8 @@ OPSET = 18  # the graph IR's operator semantics: those of ONNX opset 18 (the dyn
 # kept whole by the decompositions: one node each in the graph IR, as the ONNX exporters write them
 KEEP_WHOLE = ("aten::scaled_dot_product_attention", "aten::gelu", "aten::layer_norm", "aten::linear",
               "aten::hardswish", "aten::hardsigmoid", "aten::leaky_relu", "aten::elu")
-_ONNX_CODE = {"float32": 1, "uint8": 2, "int8": 3, "int16": 5, "int32": 6, "int64": 7, "bool": 9, "float16": 10,
-              "float64": 11}
-_TYPE_STR = {"float32": "float", "float64": "double", "bool": "bool", "float16": "float16", "int8": "int8",
-             "int16": "int16", "int32": "int32", "int64": "int64", "uint8": "uint8"}
+# the torch dtypes the front end translates (their ONNX codes and type names: cuvil.dtype's tables)
+_DTYPES = ("float32", "uint8", "int8", "int16", "int32", "int64", "bool", "float16", "float64")
 
 
 def decompositions() -> dict[Any, Callable]:
@@ -79,10 +78,10 @@ class Imported:
 
 def torch_dtype_name(dt: Any) -> str:
     name = str(dt).replace("torch.", "")
-    if name not in _ONNX_CODE:
+    if name not in _DTYPES:
         from cuvil.errors import DTypeError
 
-        raise DTypeError(f"dtype {dt} is not supported; cuvil supports {', '.join(sorted(_ONNX_CODE))}")
+        raise DTypeError(f"dtype {dt} is not supported; cuvil supports {', '.join(sorted(_DTYPES))}")
     return name
 
 
@@ -151,7 +150,7 @@ class Builder:
     def cast(self, name: str, dtype: str) -> str:
         if self.dtypes.get(name) == dtype:
             return name
-        return self.one("Cast", [name], dtype, to=_ONNX_CODE[dtype])
+        return self.one("Cast", [name], dtype, to=ONNX_CODES[dtype])
 
     def ints(self, values: Sequence[Any]) -> str:
         """A 1-D int64 value of ``values`` (ints and Syms): a constant, or a Concat of the sizes."""
@@ -278,7 +277,7 @@ class _Importer:
                 for d in m.shape:
                     if not isinstance(_dim(d), int):
                         dims.setdefault(_dim(d), _range(d))
-                inputs.append(ValueInfo(v, dt, shape, f"tensor({_TYPE_STR[dt]})"))
+                inputs.append(ValueInfo(v, dt, shape, f"tensor({ONNX_TYPE_NAMES[dt]})"))
                 self.b.dtypes[v] = dt
                 self.env[n] = v
                 tensors.append((v, shape))
@@ -309,7 +308,7 @@ class _Importer:
         if isinstance(value, str) and isinstance(meta, torch.Tensor) and value not in self.b.inits:
             dt = self.b.dtypes.get(value)
             self.value_info[value] = ValueInfo(value, dt, tuple(_dim(d) for d in meta.shape),
-                                               f"tensor({_TYPE_STR.get(dt or '', dt)})")
+                                               f"tensor({ONNX_TYPE_NAMES.get(dt or '', dt)})")
         elif isinstance(value, (tuple, list)) and isinstance(meta, (tuple, list)) and len(value) == len(meta):
             for v, m in zip(value, meta):
                 self.note_shapes(v, m)
@@ -335,7 +334,7 @@ class _Importer:
             dt = self.b.dtypes[v]
             m = node_meta(r) if isinstance(r, torch.fx.Node) else None
             shape = tuple(_dim(d) for d in m.shape) if isinstance(m, torch.Tensor) else None
-            outs.append(ValueInfo(v, dt, shape, f"tensor({_TYPE_STR.get(dt, dt)})"))
+            outs.append(ValueInfo(v, dt, shape, f"tensor({ONNX_TYPE_NAMES.get(dt, dt)})"))
             plan.append(("tensor", v))
         self._outputs = tuple(plan)
         inits = dict(self.b.inits)

@@ -225,18 +225,6 @@ def clip(ctx: NodeCtx) -> list:
 # -- Cast -------------------------------------------------------------------------------
 
 
-def onnx_dtype(code: int, what: str) -> str:
-    """cuvil's dtype for an ONNX TensorProto element type code."""
-    names = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-             10: "float16", 11: "float64", 12: "uint32", 13: "uint64"}
-    if code not in names:
-        from onnx import TensorProto
-
-        raise DTypeError(f"{what}: element type {TensorProto.DataType.Name(code)} is not supported; cuvil supports "
-                         f"{', '.join(sorted(set(names.values())))}")
-    return names[code]
-
-
 def _cast(x: Any, to: str) -> Any:
     if x.dtype == to:
         return x
@@ -247,7 +235,7 @@ def _cast(x: Any, to: str) -> Any:
 
 @op("Cast")
 def cast(ctx: NodeCtx) -> list:
-    to = onnx_dtype(int(ctx.attr("to")), str(ctx.node))
+    to = dt.from_onnx_code(int(ctx.attr("to")), str(ctx.node))
     return [elementwise(ctx, [0], lambda x: _cast(x, to))]
 
 

@@ -267,13 +267,13 @@ def shrink(ctx: NodeCtx) -> list:
 def eye_like(ctx: NodeCtx) -> list:
     """A 2-D tensor of the input's shape with ones on the ``k``-th diagonal, of type ``dtype`` (default:
     the input's).  It depends only on the shape: a value known when compiling."""
-    from cuvil.graph.ops.arith import onnx_dtype
+    from cuvil.dtype import from_onnx_code
 
     shp = ctx.shape(0)
     if len(shp) != 2:
         raise ctx.error(f"the input {list(shp)} must be 2-D")
     code = ctx.attr("dtype")
-    dtype = onnx_dtype(int(code), str(ctx.node)) if code is not None else ctx.dtype(0)
+    dtype = from_onnx_code(int(code), str(ctx.node)) if code is not None else ctx.dtype(0)
     return [np.eye(shp[0], shp[1], int(ctx.attr("k", 0)), dtype=dt.to_numpy(dtype))]
 
 

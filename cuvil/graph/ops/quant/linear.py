@@ -83,9 +83,9 @@ def _quantized_type(ctx: NodeCtx) -> str:
         raise DTypeError(f"{ctx.node}: output_dtype {_UNSUPPORTED[code]} is not supported; cuvil quantizes to "
                          f"{', '.join(QRANGE)}")
     if code:
-        from cuvil.graph.ops.arith import onnx_dtype
+        from cuvil.dtype import from_onnx_code
 
-        return onnx_dtype(code, str(ctx.node))
+        return from_onnx_code(code, str(ctx.node))
     return "uint8"
 
 
@@ -165,9 +165,9 @@ def dequantize_linear(ctx: NodeCtx) -> list:
         raise DTypeError(f"{ctx.node}: x_scale is {out}; it must be a float tensor")
     code = int(ctx.attr("output_dtype", 0) or 0)
     if code:
-        from cuvil.graph.ops.arith import onnx_dtype
+        from cuvil.dtype import from_onnx_code
 
-        out = onnx_dtype(code, str(ctx.node))
+        out = from_onnx_code(code, str(ctx.node))
     return [per_element(ctx, lambda x, s, z: dequantize_expr(x, s, z, out), "dequantize")]
 
 
