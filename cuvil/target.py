@@ -83,6 +83,10 @@ X86_CPUS: dict[str, CpuInfo] = {
     "znver4": CpuInfo(8, _ICX + ",+avx512bf16,+sse4a", 32 * _K, 1 * _M, 32 * _M),
 }
 HOST_TARGET_ENV = "CUVIL_HOST_TARGET"
+# A vector of elements at most this many apart is one masked load of their span and a shuffle in the LLVM
+# code generator (cuvil.codegen.llvm_vector_memory), not a load per lane; the auto-scheduler still vectorises
+# a window read with such a stride (a stride-2 pool's columns, an int8 contraction's packed bytes)
+SPAN_STRIDE = 4
 _OPTIONS = {"llvm": ("mtriple", "mcpu", "mattr", "num-cores"), "cuda": ("arch",)}
 
 

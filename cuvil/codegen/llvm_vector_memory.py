@@ -6,7 +6,7 @@ The flattened index of an access is kept as :class:`Lanes` (uniform, affine, or 
 - stride 1: one (unaligned: ``align`` = element size) vector load/store, masked where the loop's last
   vector is partial (``llvm.masked.load`` / ``llvm.masked.store``);
 - stride 0: a scalar load (then broadcast when combined with vectors); a store keeps the last lane's value;
-- elements 2 to ``STRIDE_BYTES`` apart: one masked load of the span and a shuffle;
+- elements 2 to ``SPAN_STRIDE`` apart (cuvil.target): one masked load of the span and a shuffle;
 - anything else: a gather/scatter of per-lane scalar loads/stores, in lane order.
 
 float16 is ``<V x half>`` in memory and ``<V x float>`` in registers, bool ``<V x i8>`` / ``<V x i1>``.
@@ -23,8 +23,7 @@ from cuvil import dtype as dt
 from cuvil.codegen.llvm_expr import I32, I64, InternalError, mem_type
 from cuvil.ir.expr import Expr, Load, Var
 from cuvil.ir.stmt import Store
-
-STRIDE_BYTES = 4  # loads at most this many elements apart are one masked load and a shuffle (see _strided_bytes)
+from cuvil.target import SPAN_STRIDE
 
 
 class Lanes:
@@ -164,7 +163,7 @@ class VectorMemory:
         elif flat.stride == 1:
             v = b.load(b.gep(ptr, [flat.value], inbounds=True, source_etype=mt), typ=vt)
             v.align = dt.nbytes(e.dtype)
-        elif (strided := self._strided_bytes(ptr, flat, lanes, e.dtype)) is not None:
+        elif (strided := self._span_load(ptr, flat, lanes, e.dtype)) is not None:
             v = strided
         else:  # gather: one scalar load per lane
             idx = self.vec(flat)
@@ -175,13 +174,13 @@ class VectorMemory:
                 v = b.insert_element(v, x, k)
         return Lanes(self._from_memory(v, e.dtype), None)
 
-    def _strided_bytes(self, ptr: ir.Value, flat: Lanes, lanes: int, dtype: str) -> ir.Value | None:
-        """Elements 2 to ``STRIDE_BYTES`` apart (the bytes an int8 contraction packs four to an int32, a
+    def _span_load(self, ptr: ir.Value, flat: Lanes, lanes: int, dtype: str) -> ir.Value | None:
+        """Elements 2 to ``SPAN_STRIDE`` apart (the bytes an int8 contraction packs four to an int32, a
         stride-2 pool's columns): one masked load of the span (only the lanes' own elements are read: never
         past the buffer) and a shuffle, instead of a scalar load per lane; None for anything else.  (SqueezeNet's
         3x3 / 2 max pool over 96 x 109 x 109 at 1 thread: 300 -> 243 us with the same schedule.)"""
         stride = flat.stride
-        if stride is None or not 2 <= stride <= STRIDE_BYTES or dtype == "bool":
+        if stride is None or not 2 <= stride <= SPAN_STRIDE or dtype == "bool":
             return None
         live = self._live(lanes)
         span = lanes * stride

@@ -24,11 +24,8 @@ from cuvil.schedule.fallback import REFUSED, fall_back
 from cuvil.schedule.heuristics import Heuristics
 from cuvil.schedule.schedule import Schedule
 from cuvil.schedule.stage import Stage
+from cuvil.target import SPAN_STRIDE
 from cuvil.te.tensor import ComputeOp, ScatterOp
-
-# A vector of elements at most this far apart is a load of their span and a shuffle (the LLVM code
-# generator's strided loads), not a load per lane: a window read with such a stride is still vectorised.
-SPAN_STRIDE = 4
 
 
 def _dtype_bytes(dtype: str) -> int:
