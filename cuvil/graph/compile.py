@@ -224,6 +224,7 @@ def lower_kernel(what: str, args: list[Any], placeholders: list[Any], options: C
     import cuvil
     from cuvil import te
     from cuvil.errors import ScheduleError
+    from cuvil.ir.workspace import hoist_workspace
 
     outputs = [a for a in args if not any(a is p for p in placeholders)]
     target, tuning_db, bounds_checks = options.target, options.tuning_db, options.bounds_checks
@@ -238,13 +239,14 @@ def lower_kernel(what: str, args: list[Any], placeholders: list[Any], options: C
 
                     # a replayed record: a fresh schedule
                     s = apply_best(s, args, target, tuning_db, threads=get_num_threads())
-            func = cuvil.lower(s, args, name="k", bounds_checks=bounds_checks)
+            func = hoist_workspace(cuvil.lower(s, args, name="k", bounds_checks=bounds_checks))
             lost = [str(f) for f in getattr(s, "fallbacks", ()) if f.loss]
             return func, (f"its automatic schedule fell back: {'; '.join(lost)}" if lost else None)
         except (ScheduleError, IslBudgetError) as exc:
             why = f"its automatic schedule failed ({first_line(exc)}); compiled in the te order"
             log.warning("%s: %s", what, why)
-            return cuvil.lower(te.create_schedule(outputs), args, name="k", bounds_checks=bounds_checks), why
+            return hoist_workspace(cuvil.lower(te.create_schedule(outputs), args, name="k",
+                                               bounds_checks=bounds_checks)), why
     except CuvilError as exc:
         raise type(exc)(f"{what}: {exc}") from None
     except Exception as exc:
@@ -482,6 +484,11 @@ class _GraphCompiler:
             self.keys[id(func)] = p.key
         self.calls = [(kernel.done[0], a) for kernel, a in self.calls]
         self._pending.clear()
+        for k, (func, a) in enumerate(self.calls):  # its workspace: temporaries live during the call only
+            for buf in func.workspace:
+                self.slots.append(Slot("temp", buf.dtype, math.prod(int(d.value) for d in buf.shape)))
+                a += (len(self.slots) - 1,)
+            self.calls[k] = (func, a)
 
     def outputs(self) -> list[tuple[str, Runtime | np.ndarray]]:
         """The graph's outputs, each in a buffer of its own (copied when it is an input, a constant or
@@ -576,5 +583,6 @@ def _fold(func: Any, ins: list[np.ndarray], out_shapes: list[tuple[tuple[int, ..
         hit = _FOLDERS[key] = (func, Module(func, target))
     mod = hit[1]
     outs = [np.empty(shape, dtype) for shape, dtype in out_shapes]
-    mod(*[contiguous(a) for a in ins], *outs)
+    scratch = [np.empty(tuple(int(d.value) for d in b.shape), b.dtype) for b in func.workspace]
+    mod(*[contiguous(a) for a in ins], *outs, *scratch)
     return outs

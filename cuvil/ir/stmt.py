@@ -157,7 +157,8 @@ class LoweredFunc:
     ``outputs`` names the buffers the function writes.  ``checks`` describes the bounds checks the body
     makes (``index_check`` calls number them from 1); ``entry_checks`` are conditions on the sizes,
     checked once per call before the body runs, under which an access would leave its tensor (each
-    with its site number).
+    with its site number).  ``workspace`` are the last params: scratch buffers the caller gives
+    (uninitialised memory the body writes before it reads), made by :func:`cuvil.ir.workspace.hoist_workspace`.
     """
 
     name: str
@@ -167,6 +168,7 @@ class LoweredFunc:
     outputs: tuple[Buffer, ...] = field(default=())
     checks: tuple[CheckSite, ...] = ()
     entry_checks: tuple[tuple[Expr, int], ...] = ()
+    workspace: tuple[Buffer, ...] = ()  # trailing params: scratch memory its caller gives (cuvil/ir/workspace.py)
 
     def __str__(self) -> str:
         from cuvil.ir.printer import func_str

@@ -386,6 +386,26 @@ def test_parallel_equals_serial_for_thread_counts_and_extents(restore_threads):
             np.testing.assert_array_equal(got, 2 * x + 1)
 
 
+def test_parallel_iterations_run_exactly_once(restore_threads):
+    """Owned ranges and taking the others' grains: every iteration runs once, for thread counts above and
+    below the extent and above RANGES (threads then share a range), and loops that do not start at 0."""
+    from cuvil.codegen.llvm_parallel import RANGES
+
+    n, i = Var("int64", "N"), Var("int64", "i")
+    y = Buffer("Y", (n,), "int32")
+    body = Store(y, (i,), Load("int32", y, (i,)) + E.const(1, "int32"))
+    for start in (0, 3):
+        m = Module(LoweredFunc("once", (y,), For(i, c64(start), n - c64(start), body, "parallel"), (n,), (y,)),
+                   "llvm")
+        for nt in (1, 2, 3, 7, RANGES, RANGES + 1, 2 * RANGES + 3):
+            threads.set_num_threads(nt)
+            for extent in (0, 1, 2, 63, 64, 65, 1000):
+                out = np.zeros(extent + start, np.int32)
+                m(out)
+                want = np.r_[np.zeros(start, np.int32), np.ones(extent, np.int32)]
+                np.testing.assert_array_equal(out, want, err_msg=f"{nt} threads, {extent} iterations from {start}")
+
+
 def test_parallel_matmul_with_vector_rows(restore_threads):
     size = 48
     i, j, k = Var("int64", "i"), Var("int64", "j"), Var("int64", "k")
