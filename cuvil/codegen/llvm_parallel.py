@@ -27,7 +27,7 @@ grain at a time (about GRAINS_PER_THREAD grains), then takes what is left of the
 thread runs on time, thread t runs exactly the iterations it ran in the kernel before, and the one after:
 a chain of kernels split the same way finds the rows it reads in its own core's cache (2 threads,
 MobileNetV2's 3x3 depthwise convolutions at 14x14x384: 26.6 us at 1 thread, 37.5 at 2 when any thread
-took any grain, ... at 2 with owned ranges).  A thread that starts late (woken from sleep, or descheduled
+took any grain, 22.4 at 2 with owned ranges; quiet Zen 4).  A thread that starts late (woken from sleep, or descheduled
 on a shared machine) finds its range taken by the others instead of holding the whole team at the closing
 barrier with its share.  Grains of a quarter of a share keep each thread on neighbouring tiles (2 threads,
 conv 3x3 64@56: 2 grains per thread 1.28 ms, 4 1.31, 8 1.50; the stride-2 conv 128@56 wants at least 4:
