@@ -39,3 +39,33 @@ def test_a_child_that_cannot_load_the_model_is_a_cuvil_error(tmp_path):
     bad.write_bytes(b"not a model")
     with pytest.raises(CuvilError, match="process of its own"):
         bench_registry.time_apart(str(bad), {"x": np.zeros((2,), np.float32)}, 2, rounds=5, budget_s=0.1)
+
+
+def test_the_handoff_probe_reads_the_other_threads_rows():
+    from cuvil.bench import probe
+
+    h = probe.handoff_scaling(2, repeat=2, kib=4)
+    assert math.isfinite(h) and 0.01 < h < 4
+    g, (a, b) = probe._HANDOFF[2]
+    a[:] = np.arange(a.size, dtype=np.float32).reshape(a.shape)
+    want_b = a[::-1] * 0.5 + 1
+    g(a, b)
+    np.testing.assert_array_equal(b, want_b)
+    np.testing.assert_array_equal(a, want_b[::-1] * 0.5 + 1)
+
+
+def test_a_low_probe_is_taken_again_and_marked(monkeypatch):
+    # the probe before and after each try: the first two tries' hand-off falls to a quarter of the best: LOW
+    seen = iter([0.4, 0.1, 0.1, 0.12, 0.42, 0.45])
+    timings = iter([(1.0, 1.0, 1.0, 1.0), (2.0, 2.0, 2.0, 2.0), (3.0, 3.0, 3.0, 3.0)])
+    monkeypatch.setattr(bench_registry, "probe", lambda t: next(seen))
+    monkeypatch.setattr(bench_registry, "time_apart", lambda *a: next(timings))
+    monkeypatch.setattr(bench_registry, "_BEST_HANDOFF", {})
+    timing, got = bench_registry.time_probed("m.onnx", {}, 2, 5, 1.0)
+    assert timing == (3.0, 3.0, 3.0, 3.0) and got == 0.42
+    low = bench_registry.Result("a", "dynamo", latency={2: (1, 1.2, 1, 1.0)}, probe={2: 0.1})
+    good = bench_registry.Result("b", "dynamo", latency={2: (1, 1.0, 1, 1.0)}, probe={2: 0.42})
+    assert bench_registry.row(low, [2]).endswith("probe 0.10x LOW")
+    assert "LOW" not in bench_registry.row(good, [2])
+    (line,) = bench_registry.summary([low, good], [2])
+    assert "hand-off probe 0.10-0.42x (best 0.45x)" in line and line.endswith("LOW during a/dynamo")

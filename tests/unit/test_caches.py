@@ -125,6 +125,12 @@ def test_kernels_stay_bounded_and_clear_kernels_empties_them():
             gc_._KERNELS[k] = v
 
 
+class _Kernel(int):
+    """Stands in for a kernel's loop IR: a number, and no workspace."""
+
+    workspace = ()
+
+
 class _FakeModule:
     """Stands in for a JIT module (no LLVM): fills its outputs with the kernel's number."""
 
@@ -147,7 +153,7 @@ def test_folding_keeps_few_modules(monkeypatch):
     monkeypatch.setattr(gc_, "_FOLDERS", BoundedCache("cuvil.graph.compile._FOLDERS", gc_._FOLDERS.max_entries))
     _FakeModule.built = []
     limit = gc_._FOLDERS.max_entries
-    funcs = [np.int64(k) for k in range(limit + 4)]  # stand-ins for kernels: distinct objects, distinct ids
+    funcs = [_Kernel(k) for k in range(limit + 4)]  # stand-ins for kernels: distinct objects, distinct ids
     host = Target("llvm")
     for f in funcs:
         out = gc_._fold(f, [np.zeros(2, np.float32)], [((2,), "float32")], host)
