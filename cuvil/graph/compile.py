@@ -41,6 +41,7 @@ from cuvil.cache import BoundedCache
 from cuvil.errors import BoundsError, CuvilError, IslBudgetError, ModelError, UnsupportedOpError
 from cuvil.graph import kernel_cache, parallel
 from cuvil.graph.compiled import CompiledGraph, Slot, contiguous, link, temp_bytes
+from cuvil.graph.concat_in_place import concat_parts, concats_in_place
 from cuvil.graph.ir import Graph, Node
 from cuvil.graph.ops.base import (
     Alias,
@@ -96,7 +97,7 @@ def compile_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Ma
     constant weights multiply in bfloat16 (cuvil/graph/ops/nn/bf16.py; float32 with a warning on a CPU without
     AVX512-BF16).  Raises ``NeedsValue`` when a builder needs a fed input's value."""
     from cuvil.graph.fuse import Group, fusion_groups
-    from cuvil.graph.memplan import lifetimes, plan_memory
+    from cuvil.graph.memplan import plan_with_views
     from cuvil.graph.ops.nn.bf16 import resolve_precision
     from cuvil.target import Target
 
@@ -125,11 +126,12 @@ def compile_graph(graph: Graph, shapes: Mapping[str, tuple[int, ...]], known: Ma
             log.debug("compiling in this process: %s", exc)
             return compile_graph(graph, shapes, known, opts.replace(jobs=1), progress=progress, on_kernel=on_kernel)
         outputs = c.outputs()
+        views = concats_in_place(c, outputs) if opts.fuse else {}
         seconds = {"kernels": time.perf_counter() - clock}
         clock = time.perf_counter()
         kernels, calls, module = link(c.calls, c.target, c.workers, c.keys)  # 5.
         seconds["llvm"] = time.perf_counter() - clock
-    memory = plan_memory(lifetimes([((), args) for _, args in c.calls], temp_bytes(c.slots, outputs)))  # 6.
+    memory = plan_with_views([args for _, args in c.calls], temp_bytes(c.slots, outputs), views)  # 6.
     prog = CompiledGraph(c.slots, kernels, calls, module, memory, outputs, c.target, c.labels, tuple(c.fallbacks),
                          c.call_nodes, c.call_flops)
     prog.seconds = seconds
@@ -294,6 +296,8 @@ class _GraphCompiler:
         self._queued: list[_Kernel] = []  # not yet submitted: the workers are forked when two wait
         self.keys: dict[int, tuple] = {}  # id(kernel) -> its cache key, which names its machine code (link)
         self._const_slot: dict[int, int] = {}
+        # Concat calls whose inputs could be written in place: (call index, output slot, (slot, offset)...)
+        self.concats: list[tuple[int, int, tuple[tuple[int, int], ...]]] = []
         self.env: dict[str, Entry] = dict(graph.initializers)
         for v in graph.inputs:
             if v.name in known:
@@ -421,6 +425,8 @@ class _GraphCompiler:
             self.slots.append(Slot("temp", t.dtype, math.prod(shape)))
             results.append(Runtime(len(self.slots) - 1, shape, t.dtype, origin))
             arg_slots.append(len(self.slots) - 1)
+        if len(ctxs) == 1 and ctxs[0].node.op_type == "Concat" and len(results) == 1:
+            self.concats += concat_parts(ctxs[0], results[0], len(self.calls))  # type: ignore[arg-type]
         self.calls.append((kernel, tuple(arg_slots)))
         self.labels.append(label)
         self.call_flops.append(contraction_flops(args))

@@ -76,3 +76,26 @@ def plan_memory(buffers: Sequence[Lifetime], align: int = 64) -> MemoryPlan:
         offsets[b.key] = offset
     arena = max((o + s for o, s, _ in placed), default=0)
     return MemoryPlan(offsets, arena, sum(b.nbytes for b in buffers))
+
+
+def plan_with_views(calls: Sequence[Sequence[object]], sizes: dict[object, int],
+                    views: dict[object, tuple[object, int]], align: int = 64) -> MemoryPlan:
+    """:func:`plan_memory` over the buffers that each call of ``calls`` (its buffers) uses, where a buffer of
+    ``views`` is bytes of another: ``view -> (base, byte offset)`` (a concatenation's inputs, written in
+    place by their producers; a base may itself be a view).  A view has no bytes of its own: its uses count
+    toward its base's lifetime, and its offset is its base's plus its own."""
+    def root(k: object) -> tuple[object, int]:
+        off = 0
+        while k in views:
+            k, d = views[k]
+            off += d
+        return k, off
+
+    mapped = [((), tuple(root(k)[0] for k in args)) for args in calls]
+    plan = plan_memory(lifetimes(mapped, {k: n for k, n in sizes.items() if k not in views}), align)
+    offsets = dict(plan.offsets)
+    for v in views:
+        base, off = root(v)
+        if base in offsets:
+            offsets[v] = offsets[base] + off
+    return MemoryPlan(offsets, plan.arena_bytes, plan.total_bytes)
