@@ -68,6 +68,7 @@ from cuvil.codegen.llvm_vector_memory import Lanes, VectorMemory, _signed
 from cuvil.ir.expr import BF16_PAIR, DOT_CALLS, INDEX_CHECK, Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from cuvil.ir.functor import children, structural_equal, walk
 from cuvil.ir.stmt import Block, For, If, LetStmt, Stmt, Store
+from cuvil.target import SPAN_STRIDE
 
 # Width of the vectors cuvil emits on x86 with AVX-512: 512 measured faster than 256 for the
 # register-blocked matmul micro-kernel on emeraldrapids (benchmarks/simd_kernel.py), so no cap.
@@ -447,14 +448,15 @@ class VectorLoops(VectorMemory):
         return Lanes(b.select(cond.value, self.vec(self.vexpr(e.t)), self.vec(self.vexpr(e.f))), None)
 
     def _maskable(self, e: Select) -> bool:
-        """Whether both sides of ``e`` read no memory or are one unit-stride load (:meth:`_masked_side`; the
-        index arithmetic this emits to find out is pure, and dropped when unused)."""
+        """Whether both sides of ``e`` read no memory or are one load of elements up to ``SPAN_STRIDE`` apart
+        (:meth:`_masked_side`; the index arithmetic this emits to find out is pure, and dropped when unused)."""
         def one(x: Expr) -> bool:
             if not _reads_memory(x):
                 return True
             if not isinstance(x, Load) or x.dtype != x.buffer.dtype or not x.indices:
                 return isinstance(x, Load) and not x.indices
-            return self._vflat(x.buffer, x.indices)[1].stride == 1
+            stride = self._vflat(x.buffer, x.indices)[1].stride
+            return stride is not None and 1 <= stride <= SPAN_STRIDE and x.dtype != "bool"
 
         return one(e.t) and one(e.f)
 
@@ -499,8 +501,9 @@ class VectorLoops(VectorMemory):
 
     def _masked_side(self, e: Expr, mask: ir.Value) -> ir.Value | None:
         """One side of a select whose condition varies across lanes: as a vector when it reads no memory,
-        a masked load (lanes off the mask are not read: a padded window's edge) when it is one unit-stride
-        load; None otherwise (the select is then evaluated lane by lane)."""
+        a masked load (lanes off the mask are not read: a padded window's edge) when it is one load of
+        elements up to ``SPAN_STRIDE`` apart (a span load); None otherwise (the select is then evaluated
+        lane by lane)."""
         if not _reads_memory(e):
             return self.vec(self.vexpr(e))
         if not isinstance(e, Load) or e.dtype != e.buffer.dtype:
@@ -511,8 +514,9 @@ class VectorLoops(VectorMemory):
             return None  # a checked index must not be computed for a lane the select does not choose
         b = self.builder
         ptr, flat = self._vflat(e.buffer, e.indices)
-        if flat.stride != 1:
-            return None
+        if flat.stride != 1:  # elements 2-4 apart: a span load masked by the lanes (None beyond)
+            spread = self._span_load(ptr, flat, mask.type.count, e.dtype, mask)
+            return None if spread is None else self._from_memory(spread, e.dtype)
         mt = mem_type(e.dtype)
         vt = ir.VectorType(mt, mask.type.count)
         valid = self._valid_mask(mask.type.count)

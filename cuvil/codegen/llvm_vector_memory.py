@@ -174,19 +174,27 @@ class VectorMemory:
                 v = b.insert_element(v, x, k)
         return Lanes(self._from_memory(v, e.dtype), None)
 
-    def _span_load(self, ptr: ir.Value, flat: Lanes, lanes: int, dtype: str) -> ir.Value | None:
+    def _span_load(self, ptr: ir.Value, flat: Lanes, lanes: int, dtype: str, lane_mask: ir.Value | None = None
+                   ) -> ir.Value | None:
         """Elements 2 to ``SPAN_STRIDE`` apart (the bytes an int8 contraction packs four to an int32, a
         stride-2 pool's columns): one masked load of the span (only the lanes' own elements are read: never
         past the buffer) and a shuffle, instead of a scalar load per lane; None for anything else.  (SqueezeNet's
-        3x3 / 2 max pool over 96 x 109 x 109 at 1 thread: 300 -> 243 us with the same schedule.)"""
+        3x3 / 2 max pool over 96 x 109 x 109 at 1 thread: 300 -> 243 us with the same schedule.)  With
+        ``lane_mask`` (a select's side) only the lanes on it are read: the span's mask is both, at no cost
+        (a padded stride-2 window's edge)."""
         stride = flat.stride
         if stride is None or not 2 <= stride <= SPAN_STRIDE or dtype == "bool":
             return None
         live = self._live(lanes)
         span = lanes * stride
         vt = ir.VectorType(mem_type(dtype), span)
-        mask = ir.Constant(ir.VectorType(ir.IntType(1), span),
-                           [int(i % stride == 0 and i // stride < live) for i in range(span)])
+        mask: ir.Value = ir.Constant(ir.VectorType(ir.IntType(1), span),
+                                     [int(i % stride == 0 and i // stride < live) for i in range(span)])
+        if lane_mask is not None:  # lane k's bit at element k * stride of the span, the others off
+            none = ir.Constant(lane_mask.type, None)
+            spread = self.builder.shuffle_vector(lane_mask, none, ir.Constant(
+                ir.VectorType(I32, span), [i // stride if i % stride == 0 else lanes for i in range(span)]))
+            mask = self.builder.and_(mask, spread)
         wide = self._masked_load(ptr, flat.value, vt, mask, dt.nbytes(dtype))
         return self.builder.shuffle_vector(wide, wide, ir.Constant(ir.VectorType(I32, lanes),
                                                                    [stride * lane for lane in range(lanes)]))
