@@ -30,7 +30,7 @@ owner                                          limit  what an entry holds (and w
 ``cuvil.autotune.exec_board._REFERENCES``          4  reference outputs computed on a board: one workload at a time
 ``cuvil.autotune.exec_harness._STAGED``           64  where the timing harness was copied, per board prefix
 ``cuvil.bench.probe._HANDOFF``                     2  the hand-off probe's kernel, per thread count
-``cuvil.bench.registry._BEST_HANDOFF``             8  the best hand-off probe seen, per thread count
+``cuvil.bench.registry._HANDOFFS``                 8  the hand-off probes taken, per thread count
 ``cuvil.graph.profile._BANDWIDTH``                16  a measured streaming bandwidth per (target, threads)
 ``cuvil.llm.qlinear._MODULES``                   256  a compiled weight contraction (or activation quantizer) per
                                                       kind and shape: a decoder has about 10 (4 projections x

@@ -22,7 +22,7 @@ Per model and exporter it prints:
   wall time at 2 threads;
 - above 1 thread, ``probe``: how much faster N threads ran a kernel whose threads read what another wrote
   in the call before than one thread did (:mod:`cuvil.bench.probe`; the lower of before and after the
-  timing), marked LOW below half of the best this run has seen: the host then moved data between the
+  timing), marked LOW below half of the median this run has seen: the host then moved data between the
   vCPUs far slower than in its good periods, and the multi-thread figures of both engines say little.
   Such a timing is taken again (3 tries in all) and the one with the best probe kept;
 - whether every output matches onnxruntime: ``numpy.allclose(rtol=1e-3, atol=1e-4)``.
@@ -61,8 +61,8 @@ from cuvil.cache import BoundedCache
 SETTLE_S = 0.2  # a pause before each 2-thread block: onnxruntime's pool spins for tens of ms after a run
 PROBE_SETTLE_S = 1.0  # before the probes: the check's 2-thread onnxruntime session in this process spins ~1 s
 PROBE_TRIES = 3  # a multi-thread timing taken while the probes were LOW is taken again, this many times in all
-# threads -> the best hand-off probe this process has seen: the machine's good periods (cuvil/bench/probe.py)
-_BEST_HANDOFF: BoundedCache[int, float] = BoundedCache("cuvil.bench.registry._BEST_HANDOFF", 8)
+# threads -> the hand-off probes this process has taken (cuvil/bench/probe.py); their median is the typical one
+_HANDOFFS: BoundedCache[int, list[float]] = BoundedCache("cuvil.bench.registry._HANDOFFS", 8)
 
 
 @dataclass
@@ -441,19 +441,29 @@ def time_pair(ours: Any, theirs: Any, example: dict[str, np.ndarray], threads: i
 def probe(threads: int) -> float:
     """The hand-off probe (:func:`cuvil.bench.probe.handoff_scaling`) at ``threads``, after a pause (an engine
     that ran last may still spin: after the output check, this process's 2-thread onnxruntime session held
-    it ~5-10% low for up to a second).  The first call also takes it a few times over a second, so that the
-    best one seen (:data:`_BEST_HANDOFF`) is not a bad period's."""
+    it ~5-10% low for up to a second), kept in :data:`_HANDOFFS`.  The first call also takes it five times
+    over a second, so that the typical value does not rest on one."""
     time.sleep(PROBE_SETTLE_S)
-    if threads not in _BEST_HANDOFF:
+    seen = _HANDOFFS.setdefault(threads, [])
+    if not seen:
         for _ in range(5):
-            _BEST_HANDOFF[threads] = max(_BEST_HANDOFF.get(threads, 0.0), handoff_scaling(threads))
+            seen.append(handoff_scaling(threads))
             time.sleep(SETTLE_S)
-    return handoff_scaling(threads)
+    seen.append(handoff_scaling(threads))
+    return seen[-1]
+
+
+def typical_handoff(threads: int) -> float | None:
+    """The median of the hand-off probes this process has taken at ``threads`` (None before the first)."""
+    seen = _HANDOFFS.get(threads)
+    return float(np.median(seen)) if seen else None
 
 
 def low_probe(threads: int, handoff: float) -> bool:
-    """Whether the cores' hand-off ran below half of the best this process has seen (:data:`_BEST_HANDOFF`)."""
-    return handoff < 0.5 * _BEST_HANDOFF.get(threads, handoff)
+    """Whether the cores' hand-off ran below half of the typical one this process has seen (a median: one
+    high outlier does not make every later probe low, as the best one seen did)."""
+    typical = typical_handoff(threads)
+    return typical is not None and handoff < 0.5 * typical
 
 
 def time_probed(path: str, example: dict[str, np.ndarray], threads: int, rounds: int, budget_s: float
@@ -466,7 +476,6 @@ def time_probed(path: str, example: dict[str, np.ndarray], threads: int, rounds:
         before = probe(threads)
         timing = time_apart(path, example, threads, rounds, budget_s)
         after = probe(threads)
-        _BEST_HANDOFF[threads] = max(_BEST_HANDOFF.get(threads, 0.0), before, after)
         got = min(before, after)
         if best is None or got > best[1]:
             best = (timing, got)
@@ -554,7 +563,7 @@ def summary(results: list[Result], threads: list[int]) -> list[str]:
         seen = [(r.probe[t], f"{r.model}/{r.exporter}") for r in results if not r.error and t in r.probe]
         if seen:
             low = [name for p, name in seen if low_probe(t, p)]
-            line += (f"; hand-off probe {min(seen)[0]:.2f}-{max(seen)[0]:.2f}x (best {_BEST_HANDOFF.get(t, 0):.2f}x)"
+            line += (f"; hand-off probe {min(seen)[0]:.2f}-{max(seen)[0]:.2f}x (typical {typical_handoff(t) or 0:.2f}x)"
                      + (f"; LOW during {', '.join(low)}" if low else ""))
         lines.append(line)
     return lines

@@ -55,17 +55,24 @@ def test_the_handoff_probe_reads_the_other_threads_rows():
 
 
 def test_a_low_probe_is_taken_again_and_marked(monkeypatch):
-    # the probe before and after each try: the first two tries' hand-off falls to a quarter of the best: LOW
+    # probes taken earlier in the run: typically 0.4 (one outlier at 0.9); then before and after each try:
+    # the first two tries' hand-off falls to a quarter of the typical one: LOW; the third is good
+    history = [0.4, 0.41, 0.9, 0.39, 0.4]
     seen = iter([0.4, 0.1, 0.1, 0.12, 0.42, 0.45])
+
+    def fake_probe(t):
+        history.append(next(seen))
+        return history[-1]
+
     timings = iter([(1.0, 1.0, 1.0, 1.0), (2.0, 2.0, 2.0, 2.0), (3.0, 3.0, 3.0, 3.0)])
-    monkeypatch.setattr(bench_registry, "probe", lambda t: next(seen))
+    monkeypatch.setattr(bench_registry, "probe", fake_probe)
     monkeypatch.setattr(bench_registry, "time_apart", lambda *a: next(timings))
-    monkeypatch.setattr(bench_registry, "_BEST_HANDOFF", {})
+    monkeypatch.setattr(bench_registry, "_HANDOFFS", {2: history})
     timing, got = bench_registry.time_probed("m.onnx", {}, 2, 5, 1.0)
     assert timing == (3.0, 3.0, 3.0, 3.0) and got == 0.42
     low = bench_registry.Result("a", "dynamo", latency={2: (1, 1.2, 1, 1.0)}, probe={2: 0.1})
-    good = bench_registry.Result("b", "dynamo", latency={2: (1, 1.0, 1, 1.0)}, probe={2: 0.42})
+    good = bench_registry.Result("b", "dynamo", latency={2: (1, 1.0, 1, 1.0)}, probe={2: 0.39})
     assert bench_registry.row(low, [2]).endswith("probe 0.10x LOW")
-    assert "LOW" not in bench_registry.row(good, [2])
+    assert "LOW" not in bench_registry.row(good, [2])  # the 0.9 outlier does not make 0.39 low
     (line,) = bench_registry.summary([low, good], [2])
-    assert "hand-off probe 0.10-0.42x (best 0.45x)" in line and line.endswith("LOW during a/dynamo")
+    assert "hand-off probe 0.10-0.39x (typical 0.40x)" in line and line.endswith("LOW during a/dynamo")
