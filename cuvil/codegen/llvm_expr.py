@@ -499,16 +499,21 @@ class ExprEmitter:
         if not (needs_branch(e.t) or needs_branch(e.f)):
             return b.select(cond, self.expr(e.t), self.expr(e.f))
         # evaluate only the chosen side: the other may index out of bounds (padding)
+        return self.branched(cond, lambda: self.expr(e.t), lambda: self.expr(e.f), "sel")
+
+    def branched(self, cond: ir.Value, then: Any, otherwise: Any, name: str) -> ir.Value:
+        """``cond ? then() : otherwise()`` as a branch: each side's code is emitted in a block of its own and
+        runs only when chosen; the value is the phi of the two (blocks ``<name>.t``, ``.f``, ``.end``)."""
+        b = self.builder
         fn = b.function
-        then_bb, else_bb = fn.append_basic_block("sel.t"), fn.append_basic_block("sel.f")
-        merge_bb = fn.append_basic_block("sel.end")
+        then_bb, else_bb, merge_bb = (fn.append_basic_block(f"{name}.{x}") for x in ("t", "f", "end"))
         b.cbranch(cond, then_bb, else_bb)
         b.position_at_end(then_bb)
-        tv = self.expr(e.t)
+        tv = then()
         t_end = b.block
         b.branch(merge_bb)
         b.position_at_end(else_bb)
-        fv = self.expr(e.f)
+        fv = otherwise()
         f_end = b.block
         b.branch(merge_bb)
         b.position_at_end(merge_bb)

@@ -157,6 +157,7 @@ class VectorLoops(VectorMemory):
     target: Any
 
     cast: Any
+    branched: Any
     binary: Any
     unary: Any
     math: Any
@@ -424,22 +425,8 @@ class VectorLoops(VectorMemory):
         lazy = _reads_memory(e.t) or _reads_memory(e.f)
         cond = self.vexpr(e.cond)
         if cond.stride is not None and lazy:  # one condition for all lanes: branch once
-            fn = b.function
-            then_bb, else_bb, merge_bb = (fn.append_basic_block(f"vsel.{n}") for n in ("t", "f", "end"))
-            b.cbranch(cond.value, then_bb, else_bb)
-            b.position_at_end(then_bb)
-            tv = self.vec(self.vexpr(e.t))
-            t_end = b.block
-            b.branch(merge_bb)
-            b.position_at_end(else_bb)
-            fv = self.vec(self.vexpr(e.f))
-            f_end = b.block
-            b.branch(merge_bb)
-            b.position_at_end(merge_bb)
-            phi = b.phi(tv.type)
-            phi.add_incoming(tv, t_end)
-            phi.add_incoming(fv, f_end)
-            return Lanes(phi, None)
+            return Lanes(self.branched(cond.value, lambda: self.vec(self.vexpr(e.t)),
+                                       lambda: self.vec(self.vexpr(e.f)), "vsel"), None)
         if lazy:
             mask = self.vec(cond)
             if self._valid_mask(mask.type.count) is not None or self._maskable(e):
@@ -476,28 +463,14 @@ class VectorLoops(VectorMemory):
         (:meth:`_mixed_select`).  (Testing every lane before masked loads too lost on AVX2: a 5x5 / 2 pool's
         five taps each branched, 64 -> 90 us; ResNet's 3x3 / 2 pool 233 -> 211 us.)"""
         b = self.builder
-        fn = b.function
         n = mask.type.count
         reduce_and = self.module.globals.get(f"llvm.vector.reduce.and.v{n}i1")
         if reduce_and is None:
             reduce_and = ir.Function(self.module, ir.FunctionType(ir.IntType(1), [mask.type]),
                                      f"llvm.vector.reduce.and.v{n}i1")
         every = b.call(reduce_and, [mask])
-        all_bb, mixed_bb, merge_bb = (fn.append_basic_block(f"vsel.{x}") for x in ("all", "mixed", "end"))
-        b.cbranch(every, all_bb, mixed_bb)
-        b.position_at_end(all_bb)
-        tv = self.vec(self.vexpr(e.t))
-        t_end = b.block
-        b.branch(merge_bb)
-        b.position_at_end(mixed_bb)
-        mv = self.vec(self._mixed_select(e, mask))
-        m_end = b.block
-        b.branch(merge_bb)
-        b.position_at_end(merge_bb)
-        phi = b.phi(tv.type)
-        phi.add_incoming(tv, t_end)
-        phi.add_incoming(mv, m_end)
-        return Lanes(phi, None)
+        return Lanes(self.branched(every, lambda: self.vec(self.vexpr(e.t)),
+                                   lambda: self.vec(self._mixed_select(e, mask)), "vall"), None)
 
     def _masked_side(self, e: Expr, mask: ir.Value) -> ir.Value | None:
         """One side of a select whose condition varies across lanes: as a vector when it reads no memory,
